@@ -1,0 +1,505 @@
+"""The synchronous, I/O-free block pool: the reference's semantics, validated and fast.
+
+Storage mirrors the reference's ``SlotMap``: ``_slots[slot]`` holds the live copy of a
+slot, and a ``BlockId`` is ``serial << 32 | slot`` with a process-wide serial, so an id
+is never reused and an id from another pool never names a copy here. ``_by_hash`` maps a
+hash to its first resident copy and ``_dups`` to the later ones, in insertion order.
+The inactive LRU is intrusive and circular around a sentinel: ``sentinel.next`` is the
+head (evicted first), ``sentinel.prev`` the tail (released last).
+
+Every public method validates all of its arguments before it changes anything, so a
+`PoolError` leaves the pool exactly as it was. The hot paths are written out inline;
+``check_invariants`` re-derives everything from scratch to catch any slip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import count
+from typing import NoReturn
+
+from kvpool.errors import (
+    AlreadyCachedError,
+    BlockNotReferencedError,
+    ForeignReservationError,
+    InvalidArgumentError,
+    InvalidHashError,
+    InvariantViolation,
+    PrefixNotResidentError,
+    ReservationClosedError,
+    ReservationExhaustedError,
+    UnknownBlockError,
+)
+from kvpool.pool.copy import Copy
+from kvpool.pool.types import (
+    ACTIVE_HIT,
+    INACTIVE_HIT,
+    MAX_HASH,
+    BlockId,
+    PrefixHit,
+    Reservation,
+    ReserveOutcome,
+)
+
+_SLOT_BITS = 32
+_SLOT_MASK = (1 << _SLOT_BITS) - 1
+_MAX_CAPACITY = 1 << _SLOT_BITS
+_serials = count(1)  # shared by every pool in the process: ids are unique across pools
+
+
+class BlockPool:
+    """vLLM's GPU block pool: copies, refcounts, pins, an inactive LRU, reservations.
+
+    Not thread-safe; one owner (a thread or the pool actor) drives it.
+    """
+
+    __slots__ = (
+        "_by_hash",
+        "_capacity",
+        "_dups",
+        "_free",
+        "_high",
+        "_lru",
+        "_num_copies",
+        "_num_inactive",
+        "_refs",
+        "_reserved",
+        "_slots",
+    )
+
+    def __init__(self, capacity: int) -> None:
+        if type(capacity) is not int or not 1 <= capacity < _MAX_CAPACITY:
+            raise InvalidArgumentError(
+                f"capacity must be an int in [1, 2**32), got {capacity!r}"
+            )
+        self._capacity = capacity
+        self._slots: list[Copy | None] = [None] * capacity
+        self._free: list[int] = []  # released slots below `_high`, reused LIFO
+        self._high = 0  # slots at or above this index were never used
+        self._by_hash: dict[int, Copy] = {}
+        self._dups: dict[int, list[Copy]] = {}  # never holds an empty list
+        sentinel = Copy(-1, None, 0)
+        sentinel.prev = sentinel.next = sentinel
+        self._lru = sentinel
+        self._num_copies = 0
+        self._num_inactive = 0
+        self._reserved = 0
+        self._refs = 0  # request references: one per private copy plus cached refs
+
+    def __del__(self) -> None:
+        # Copies are untracked by the cyclic GC; break the LRU's cycles by hand.
+        sentinel = getattr(self, "_lru", None)
+        if sentinel is None:
+            return
+        node = sentinel.next
+        while node is not None and node is not sentinel:
+            following = node.next
+            node.prev = node.next = None
+            node = following
+        sentinel.prev = sentinel.next = None
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockPool(capacity={self._capacity}, active={self.num_active()}, "
+            f"inactive={self._num_inactive})"
+        )
+
+    @property
+    def capacity(self) -> int:
+        """Total physical blocks."""
+        return self._capacity
+
+    # ----------------------------------------------------------------- queries
+
+    def prefix_hit(self, block_hash: int) -> PrefixHit | None:
+        """Whether ``block_hash`` is resident, and whether its first copy is in use."""
+        try:
+            copy = self._by_hash.get(block_hash)
+        except TypeError:  # unhashable
+            _bad_hash(block_hash)
+        if copy is None:
+            if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+                _bad_hash(block_hash)
+            return None
+        if type(block_hash) is not int:
+            _bad_hash(block_hash)
+        if copy.refs or copy.pins:
+            return ACTIVE_HIT
+        return INACTIVE_HIT
+
+    def num_active(self) -> int:
+        """Copies in use plus reserved capacity: what vLLM reports as used blocks."""
+        return self._num_copies - self._num_inactive + self._reserved
+
+    def num_active_refs(self) -> int:
+        """Request references held: one per private copy plus every cached ref."""
+        return self._refs
+
+    def num_inactive(self) -> int:
+        """Cached copies with no reference and no pin: the evictable LRU."""
+        return self._num_inactive
+
+    # ------------------------------------------------------------ reservations
+
+    def reserve(self, prefix: Sequence[int], fresh: int) -> ReserveOutcome | None:
+        """Atomically pin the resident ``prefix`` and reserve ``fresh`` more blocks.
+
+        Returns None, changing nothing, when the blocks do not fit even after evicting
+        every unpinned inactive copy. ``removed`` lists, in eviction order, the hashes
+        whose last resident copy was evicted to make room.
+        """
+        if type(fresh) is not int or fresh < 0:
+            raise InvalidArgumentError(f"fresh must be an int >= 0, got {fresh!r}")
+        get = self._by_hash.get
+        try:
+            hits = [get(h) for h in prefix]
+        except TypeError:  # not iterable, or an unhashable element
+            _check_prefix(prefix, self._by_hash)
+        if hits and (None in hits or any(type(h) is not int for h in prefix)):
+            _check_prefix(prefix, self._by_hash)
+
+        needed = fresh - (self._capacity - self._num_copies - self._reserved)
+        if needed > 0:
+            evictable = self._num_inactive
+            if hits:
+                evictable -= len({id(c) for c in hits if not c.refs and not c.pins})  # type: ignore[union-attr]
+            if needed > evictable:
+                return None
+
+        for copy in hits:
+            if not copy.pins and not copy.refs:  # type: ignore[union-attr]
+                # Leaving the LRU before the pin: membership follows refs and pins.
+                prev = copy.prev  # type: ignore[union-attr]
+                nxt = copy.next  # type: ignore[union-attr]
+                prev.next = nxt  # type: ignore[union-attr]
+                nxt.prev = prev  # type: ignore[union-attr]
+                copy.prev = copy.next = None  # type: ignore[union-attr]
+                self._num_inactive -= 1
+            copy.pins += 1  # type: ignore[union-attr]
+
+        removed: list[int] = []
+        if needed > 0:
+            self._evict(needed, removed)
+        self._reserved += fresh
+        return ReserveOutcome(Reservation(self, hits, fresh), removed)  # type: ignore[arg-type]
+
+    def activate_prefix(self, reservation: Reservation) -> list[BlockId]:
+        """Turn the reservation's prefix pins into request references, root first."""
+        if type(reservation) is not Reservation or reservation._pool is not self:
+            _foreign(reservation)
+        if reservation._closed:
+            _closed(reservation)
+        prefix = reservation._prefix
+        if not prefix:
+            return []
+        reservation._prefix = []
+        for copy in prefix:
+            copy.pins -= 1
+            copy.refs += 1
+        self._refs += len(prefix)
+        return [copy.id for copy in prefix]  # type: ignore[misc]
+
+    def allocate_private(self, reservation: Reservation) -> BlockId:
+        """Spend one reserved unit on a new request-private copy."""
+        if type(reservation) is not Reservation or reservation._pool is not self:
+            _foreign(reservation)
+        if reservation._closed:
+            _closed(reservation)
+        if reservation._fresh <= 0:
+            _exhausted(reservation)
+        reservation._fresh -= 1
+        self._reserved -= 1
+        return self._new_copy(None).id  # type: ignore[return-value]
+
+    def allocate_cached(self, reservation: Reservation, block_hash: int) -> tuple[BlockId, bool]:
+        """Allocate straight into the cache; True iff the hash became visible (0 -> 1)."""
+        if type(reservation) is not Reservation or reservation._pool is not self:
+            _foreign(reservation)
+        if reservation._closed:
+            _closed(reservation)
+        if reservation._fresh <= 0:
+            _exhausted(reservation)
+        if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+            _bad_hash(block_hash)
+        reservation._fresh -= 1
+        self._reserved -= 1
+        copy = self._new_copy(block_hash)
+        first = self._by_hash.get(block_hash)
+        if first is None:
+            self._by_hash[block_hash] = copy
+            return copy.id, True  # type: ignore[return-value]
+        self._add_duplicate(block_hash, copy)
+        return copy.id, False  # type: ignore[return-value]
+
+    def cache_private(self, block_id: BlockId, block_hash: int) -> bool:
+        """Make a private copy findable; True iff it is the hash's first resident copy."""
+        try:
+            copy = self._slots[block_id & _SLOT_MASK]
+        except (IndexError, TypeError):
+            copy = None
+        if copy is None or copy.id != block_id or type(block_id) is not int:
+            _unknown(block_id)
+        if copy.hash is not None:
+            raise AlreadyCachedError(
+                f"block {block_id} is already cached (hash {copy.hash}); "
+                "only a private copy can enter the prefix cache"
+            )
+        if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+            _bad_hash(block_hash)
+        copy.hash = block_hash
+        first = self._by_hash.get(block_hash)
+        if first is None:
+            self._by_hash[block_hash] = copy
+            return True
+        self._add_duplicate(block_hash, copy)
+        return False
+
+    def release(self, block_id: BlockId) -> None:
+        """Drop one request reference: a private copy is freed, a cached one may go idle."""
+        try:
+            copy = self._slots[block_id & _SLOT_MASK]
+        except (IndexError, TypeError):
+            copy = None
+        if copy is None or copy.id != block_id or type(block_id) is not int:
+            _unknown(block_id)
+        if copy.hash is None:
+            self._slots[block_id & _SLOT_MASK] = None
+            self._free.append(block_id & _SLOT_MASK)
+            self._num_copies -= 1
+            self._refs -= 1
+            return
+        refs = copy.refs
+        if not refs:
+            raise BlockNotReferencedError(
+                f"block {block_id} (hash {copy.hash}) holds no request reference to release"
+            )
+        copy.refs = refs - 1
+        self._refs -= 1
+        if refs == 1 and not copy.pins:
+            sentinel = self._lru
+            tail = sentinel.prev
+            tail.next = copy  # type: ignore[union-attr]
+            copy.prev = tail
+            copy.next = sentinel
+            sentinel.prev = copy
+            self._num_inactive += 1
+
+    def cancel(self, reservation: Reservation) -> None:
+        """Return unconsumed capacity and unpin the unactivated prefix, leaf first."""
+        if type(reservation) is not Reservation or reservation._pool is not self:
+            _foreign(reservation)
+        if reservation._closed:
+            _closed(reservation)
+        prefix = reservation._prefix
+        reservation._closed = True
+        if prefix:
+            reservation._prefix = []
+            sentinel = self._lru
+            # Leaf first: a suffix becomes an older LRU candidate than its parent.
+            for copy in reversed(prefix):
+                pins = copy.pins - 1
+                copy.pins = pins
+                if not pins and not copy.refs:
+                    tail = sentinel.prev
+                    tail.next = copy  # type: ignore[union-attr]
+                    copy.prev = tail
+                    copy.next = sentinel
+                    sentinel.prev = copy
+                    self._num_inactive += 1
+        self._reserved -= reservation._fresh
+        reservation._fresh = 0
+
+    # -------------------------------------------------------------- internals
+
+    def _new_copy(self, block_hash: int | None) -> Copy:
+        free = self._free
+        if free:
+            slot = free.pop()
+        else:
+            slot = self._high
+            self._high = slot + 1
+        copy = Copy(next(_serials) << _SLOT_BITS | slot, block_hash, 1)
+        self._slots[slot] = copy
+        self._num_copies += 1
+        self._refs += 1
+        return copy
+
+    def _add_duplicate(self, block_hash: int, copy: Copy) -> None:
+        later = self._dups.get(block_hash)
+        if later is None:
+            self._dups[block_hash] = [copy]
+        else:
+            later.append(copy)
+
+    def _evict(self, count: int, removed: list[int]) -> None:
+        """Evict ``count`` copies from the LRU head; a hash is removed on its last copy."""
+        sentinel = self._lru
+        slots = self._slots
+        free = self._free
+        by_hash = self._by_hash
+        dups = self._dups
+        for _ in range(count):
+            copy = sentinel.next
+            nxt = copy.next  # type: ignore[union-attr]
+            sentinel.next = nxt
+            nxt.prev = sentinel  # type: ignore[union-attr]
+            copy.prev = copy.next = None  # type: ignore[union-attr]
+            slot = copy.id & _SLOT_MASK  # type: ignore[union-attr]
+            slots[slot] = None
+            free.append(slot)
+            block_hash: int = copy.hash  # type: ignore[union-attr, assignment]
+            later = dups.get(block_hash) if dups else None
+            if later is None:
+                del by_hash[block_hash]
+                removed.append(block_hash)
+            elif by_hash[block_hash] is copy:
+                by_hash[block_hash] = later.pop(0)
+                if not later:
+                    del dups[block_hash]
+            else:
+                later.remove(copy)
+                if not later:
+                    del dups[block_hash]
+        self._num_copies -= count
+        self._num_inactive -= count
+
+    # ------------------------------------------------------------- invariants
+
+    def check_invariants(self) -> None:
+        """Re-derive all state from scratch; raise `InvariantViolation` on any breach.
+
+        The reference's LRU consistency check, plus: every cached copy is indexed exactly
+        once, no hash entry is empty, counters match, copies + reserved <= capacity.
+        """
+        live: dict[int, Copy] = {}
+        for slot, copy in enumerate(self._slots):
+            if copy is None:
+                continue
+            _require(copy.id & _SLOT_MASK == slot, f"copy {copy.id} sits in slot {slot}")
+            _require(copy.id not in live, f"copy {copy.id} occupies two slots")
+            live[copy.id] = copy
+        _require(len(live) == self._num_copies, "live copy count does not match its counter")
+        _require(self._high <= self._capacity, "slot high-water mark exceeds capacity")
+        _require(
+            sorted(self._free) == [s for s in range(self._high) if self._slots[s] is None],
+            "free-slot list does not match the empty slots below the high-water mark",
+        )
+        _require(
+            all(self._slots[s] is None for s in range(self._high, self._capacity)),
+            "a slot above the high-water mark is occupied",
+        )
+        _require(self._reserved >= 0, "reserved capacity is negative")
+        _require(
+            self._num_copies + self._reserved <= self._capacity,
+            "block-pool occupancy exceeds capacity",
+        )
+
+        # The reference's assert_lru_consistent, on the circular list.
+        sentinel = self._lru
+        linked: set[int] = set()
+        previous = sentinel
+        cursor = sentinel.next
+        while cursor is not sentinel:
+            _require(cursor is not None, "inactive LRU is broken (a missing link)")
+            assert cursor is not None
+            _require(id(cursor) not in linked, "inactive LRU contains a cycle")
+            linked.add(id(cursor))
+            _require(live.get(cursor.id) is cursor, "inactive LRU points to a missing copy")
+            _require(cursor.hash is not None, "inactive LRU contains a private copy")
+            _require(
+                (cursor.refs, cursor.pins) == (0, 0),
+                "active copy is linked into the inactive LRU",
+            )
+            _require(cursor.prev is previous, "inactive LRU contains a broken back-pointer")
+            previous = cursor
+            cursor = cursor.next
+        _require(sentinel.prev is previous, "inactive LRU tail does not match its last copy")
+        _require(
+            len(linked) == self._num_inactive,
+            "inactive LRU length does not match its reachable copies",
+        )
+
+        refs = 0
+        for copy in live.values():
+            _require(copy.refs >= 0 and copy.pins >= 0, f"copy {copy.id} has a negative count")
+            if copy.hash is None:
+                _require(
+                    (copy.refs, copy.pins) == (1, 0),
+                    f"private copy {copy.id} must hold one reference and no pin",
+                )
+                _require(id(copy) not in linked, "private copy is in the inactive LRU")
+            else:
+                should_be_linked = copy.refs == 0 and copy.pins == 0
+                _require(
+                    (id(copy) in linked) == should_be_linked,
+                    "cached copy membership disagrees with its refs and pins",
+                )
+                if not should_be_linked:
+                    _require(
+                        copy.prev is None and copy.next is None,
+                        "active cached copy retains inactive LRU links",
+                    )
+            refs += copy.refs
+        _require(refs == self._refs, "request reference count does not match its counter")
+
+        indexed: dict[int, int] = {}
+        for block_hash, first in self._by_hash.items():
+            chain = [first, *self._dups.get(block_hash, ())]
+            for copy in chain:
+                _require(copy.hash == block_hash, f"hash {block_hash} indexes a copy of another hash")
+                _require(live.get(copy.id) is copy, f"hash {block_hash} indexes a dead copy")
+                indexed[id(copy)] = indexed.get(id(copy), 0) + 1
+        for block_hash, later in self._dups.items():
+            _require(bool(later), f"hash {block_hash} has an empty duplicate list")
+            _require(block_hash in self._by_hash, f"duplicates of {block_hash} have no first copy")
+        for copy in live.values():
+            expected = 0 if copy.hash is None else 1
+            _require(
+                indexed.get(id(copy), 0) == expected,
+                f"copy {copy.id} is indexed {indexed.get(id(copy), 0)} times, expected {expected}",
+            )
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvariantViolation(message)
+
+
+def _bad_hash(value: object) -> NoReturn:
+    raise InvalidHashError(f"block hash must be an int in [0, 2**64), got {value!r}")
+
+
+def _unknown(block_id: object) -> NoReturn:
+    raise UnknownBlockError(
+        f"block id {block_id!r} names no live copy of this pool "
+        "(released, evicted, never allocated, or from another pool)"
+    )
+
+
+def _foreign(reservation: object) -> NoReturn:
+    if isinstance(reservation, Reservation):
+        raise ForeignReservationError(f"{reservation!r} belongs to another pool")
+    raise ForeignReservationError(f"expected a Reservation, got {reservation!r}")
+
+
+def _closed(reservation: Reservation) -> NoReturn:
+    raise ReservationClosedError(f"{reservation!r} was already cancelled")
+
+
+def _exhausted(reservation: Reservation) -> NoReturn:
+    raise ReservationExhaustedError(f"{reservation!r} has no fresh capacity left to allocate")
+
+
+def _check_prefix(prefix: object, by_hash: dict[int, Copy]) -> NoReturn:
+    """Name the first prefix hash that is malformed or not resident (the slow path)."""
+    if isinstance(prefix, str | bytes) or not isinstance(prefix, Iterable):
+        raise InvalidArgumentError(f"prefix must be a sequence of ints, got {prefix!r}")
+    for block_hash in prefix:
+        if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+            _bad_hash(block_hash)
+        if block_hash not in by_hash:
+            raise PrefixNotResidentError(
+                f"prefix hash {block_hash} is not resident; look a prefix up with "
+                "prefix_hit in the same turn as its reserve"
+            )
+    raise InvariantViolation(f"prefix {prefix!r} was rejected but every hash is valid")

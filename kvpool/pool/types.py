@@ -1,0 +1,70 @@
+"""The pool's public value types: block ids, prefix hits, reservations and their outcome."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NewType
+
+import msgspec
+
+if TYPE_CHECKING:
+    from kvpool.pool.block_pool import BlockPool
+    from kvpool.pool.copy import Copy
+
+BlockId = NewType("BlockId", int)
+"""An opaque, never-reused name of one physical copy: its slot plus a process-wide serial."""
+
+MAX_HASH = (1 << 64) - 1
+"""Block hashes are u64 (``SequenceHash`` in the reference)."""
+
+
+class PrefixHit(msgspec.Struct, frozen=True, gc=False):
+    """A resident hash's first copy: active iff it holds a reference or a pin."""
+
+    is_active: bool
+
+
+ACTIVE_HIT = PrefixHit(True)
+INACTIVE_HIT = PrefixHit(False)
+
+
+class Reservation(msgspec.Struct, eq=False, gc=False):
+    """Capacity and cached-prefix pins held before a caller commits ownership.
+
+    Only its pool reads or changes the fields; callers use ``len()``, ``fresh`` and
+    ``prefix_len``. ``prefix`` holds the pinned copies root first; ``cancel`` unpins them
+    leaf first and closes the reservation for good.
+    """
+
+    _pool: BlockPool
+    _prefix: list[Copy]
+    _fresh: int
+    _closed: bool = False
+
+    def __len__(self) -> int:
+        return len(self._prefix) + self._fresh
+
+    @property
+    def fresh(self) -> int:
+        """Fresh (not prefix) blocks still reserved and not yet allocated."""
+        return self._fresh
+
+    @property
+    def prefix_len(self) -> int:
+        """Pinned prefix blocks not yet activated."""
+        return len(self._prefix)
+
+    @property
+    def closed(self) -> bool:
+        """True once the reservation was cancelled."""
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"prefix={len(self._prefix)}, fresh={self._fresh}"
+        return f"Reservation({state})"
+
+
+class ReserveOutcome(msgspec.Struct, frozen=True, gc=False):
+    """A successful reserve: the reservation, and hashes whose last copy was evicted."""
+
+    reservation: Reservation
+    removed: list[int]

@@ -1,0 +1,29 @@
+"""Shared fixtures: every anyio test runs on asyncio, asyncio+uvloop and trio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is skipped on platforms it cannot build on
+    uvloop = None
+
+_BACKENDS = [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    pytest.param(
+        ("asyncio", {"loop_factory": uvloop.new_event_loop if uvloop else None}),
+        id="uvloop",
+        marks=pytest.mark.skipif(uvloop is None, reason="uvloop is not installed here"),
+    ),
+    pytest.param(("trio", {}), id="trio"),
+]
+
+
+@pytest.fixture(params=_BACKENDS)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """The anyio plugin's backend: (name, options)."""
+    backend: tuple[str, dict[str, Any]] = request.param
+    return backend
