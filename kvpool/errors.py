@@ -77,3 +77,24 @@ class PoolCrashed(PoolError):  # noqa: N818
 
 class CapacityError(PoolError):
     """A request can never fit: it needs more blocks than the whole pool holds."""
+
+
+class RequestError(PoolError):
+    """A request-level (manager) call names a request or a token count it cannot use."""
+
+
+class UnknownRequestError(RequestError, KeyError):
+    """The request id is not registered (never added, or already freed: a double free)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateRequestError(RequestError):
+    """``add_request`` of a request id that is already registered."""
+
+
+class TokenCountError(RequestError, InvalidArgumentError):
+    """A token count is out of range for the request (beyond its tokens or its blocks,
+    or a computed count going backwards)."""
+

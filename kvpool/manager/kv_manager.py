@@ -1,0 +1,394 @@
+"""The request-level KV manager over a `BlockPool`: Dynamo's ``VllmKvManager`` in Python.
+
+Synchronous and I/O-free (no asyncio, no anyio), like the pool it drives: a scheduler or
+the pool actor calls it, and it queues the router-visible KV events for someone to drain.
+
+Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV events"):
+- A request's *first* allocation (empty block table) walks its full-block hashes until
+  the first miss and reuses that cached prefix, capped as vLLM caps it so that at least
+  the request's last token is computed: at most ``(num_tokens - 1) // block_size`` blocks.
+  Later allocations take only fresh blocks; the API has no way to pass a prefix to them.
+- An allocation is ``reserve(prefix, fresh)``, one BlockRemoved event for the hashes the
+  reserve evicted, ``activate_prefix``, ``allocate_private`` per fresh block, then
+  ``cancel`` of the now-empty reservation. When the blocks do not fit it returns None and
+  changes nothing (no event, no counter).
+- ``mark_computed`` moves the visibility watermark: a full block is ``cache_private``'d
+  only once the computed-token count covers it whole, so a partial tail is promoted when
+  it fills, and over-allocated future blocks stay private. A BlockStored event is queued
+  only for 0 -> 1 transitions; consecutive ones of one call form one event whose parent
+  is the first block's parent, and a block whose hash was already visible splits it.
+- Preemption and completion release the table leaf first, so the leaf is evicted first.
+- With ``enable_prefix_caching=False`` nothing is hashed, reused or cached: every block
+  stays private, no event is ever queued, and the prefix counters stay 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from kvpool.errors import (
+    CapacityError,
+    DuplicateRequestError,
+    InvalidArgumentError,
+    TokenCountError,
+    UnknownRequestError,
+)
+from kvpool.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from kvpool.hashing import BlockHasher
+from kvpool.manager.request import RequestState
+from kvpool.manager.types import Allocation, ManagerStats, PrefillCost
+from kvpool.manager.validation import check_count, check_request_id, check_tokens
+from kvpool.pool import BlockId, BlockPool
+
+
+class KvManager:
+    """Per-request block tables over one `BlockPool`, emitting router-visible KV events.
+
+    Not thread-safe; one owner drives it (a scheduler, or the pool actor). Every call
+    validates all of its arguments first: a `kvpool.errors.PoolError` leaves the manager,
+    the pool and the pending events exactly as they were.
+    """
+
+    __slots__ = (
+        "_block_size",
+        "_caching",
+        "_events",
+        "_evictions",
+        "_hit_tokens",
+        "_medium",
+        "_pool",
+        "_preemptions",
+        "_query_tokens",
+        "_requests",
+    )
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        medium: str | None = "GPU",
+    ) -> None:
+        if not isinstance(pool, BlockPool):
+            raise InvalidArgumentError(f"pool must be a BlockPool, got {pool!r}")
+        if type(block_size) is not int or block_size < 1:
+            raise InvalidArgumentError(f"block_size must be an int >= 1, got {block_size!r}")
+        if type(enable_prefix_caching) is not bool:
+            raise InvalidArgumentError(
+                f"enable_prefix_caching must be a bool, got {enable_prefix_caching!r}"
+            )
+        if medium is not None and type(medium) is not str:
+            raise InvalidArgumentError(f"medium must be a str or None, got {medium!r}")
+        self._pool = pool
+        self._block_size = block_size
+        self._caching = enable_prefix_caching
+        self._medium = medium
+        self._requests: dict[str, RequestState] = {}
+        self._events: list[KVEvent] = []
+        self._query_tokens = 0
+        self._hit_tokens = 0
+        self._evictions = 0
+        self._preemptions = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"KvManager(block_size={self._block_size}, requests={len(self._requests)}, "
+            f"prefix_caching={self._caching}, pool={self._pool!r})"
+        )
+
+    # -------------------------------------------------------------- properties
+
+    @property
+    def pool(self) -> BlockPool:
+        """The block pool this manager drives."""
+        return self._pool
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self._block_size
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        """Whether blocks are hashed, reused and made cache-visible."""
+        return self._caching
+
+    @property
+    def medium(self) -> str | None:
+        """The ``medium`` field of the events this manager emits."""
+        return self._medium
+
+    # ---------------------------------------------------------------- requests
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+        """Register a request and its prompt; it holds no block until `allocate`.
+
+        Raises `DuplicateRequestError` if ``request_id`` is registered, and
+        `InvalidArgumentError` for an id that is not a str or a token outside u32.
+        """
+        check_request_id(request_id)
+        tokens = check_tokens(prompt_token_ids)
+        if request_id in self._requests:
+            raise DuplicateRequestError(f"request {request_id!r} is already registered")
+        state = RequestState(BlockHasher(self._block_size) if self._caching else None)
+        state.extend(tokens)
+        self._requests[request_id] = state
+
+    def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Append (decoded) tokens to a request, hashing the blocks they complete.
+
+        Raises `UnknownRequestError` or `InvalidArgumentError`.
+        """
+        state = self._get(request_id)
+        state.extend(check_tokens(token_ids))
+
+    def free(self, request_id: str) -> None:
+        """Completion: release the request's blocks leaf first and forget the request.
+
+        Raises `UnknownRequestError` if it is not registered (a double free included).
+        """
+        state = self._get(request_id)
+        self._release_table(state)
+        del self._requests[request_id]
+
+    def preempt(self, request_id: str) -> None:
+        """Preemption: release the blocks leaf first but keep the request and its tokens.
+
+        Its computed count drops to 0 and its next allocation is a first allocation
+        again, which usually re-hits its own (now inactive) cached blocks. A request that
+        holds no block is left as it is. Raises `UnknownRequestError`.
+        """
+        state = self._get(request_id)
+        if state.table:
+            self._preemptions += 1
+        self._release_table(state)
+
+    # -------------------------------------------------------------- allocation
+
+    def prefill_cost(self, request_id: str) -> PrefillCost:
+        """What the request's next allocation of all its tokens would need now.
+
+        For a request holding no block: the prefix the first allocation would reuse
+        (``cached_blocks``, ``active_cached_blocks``) and the fresh blocks for the rest.
+        For a request already holding blocks: no cached blocks, and the fresh blocks still
+        missing to hold every token it has. Raises `UnknownRequestError`.
+        """
+        state = self._get(request_id)
+        needed = -(-len(state.tokens) // self._block_size)
+        if state.table:
+            return PrefillCost(0, 0, max(0, needed - len(state.table)))
+        hit = self._pool.prefix_hit
+        active = 0
+        prefix = self._prefix_of(state)
+        for block_hash in prefix:
+            if hit(block_hash).is_active:  # type: ignore[union-attr]
+                active += 1
+        return PrefillCost(len(prefix), active, max(0, needed - len(prefix)))
+
+    def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
+        """Grow the request's table to hold ``num_tokens`` tokens.
+
+        The first allocation (empty table) also reuses the resident cached prefix; the
+        table then holds ``max(prefix, ceil(num_tokens / block_size))`` blocks and the
+        request's computed count becomes ``prefix * block_size``. A table already large
+        enough is left as it is (an empty `Allocation`).
+
+        Returns the `Allocation`, or None when the blocks do not fit even after evicting
+        every evictable inactive block (nothing changed, no event queued). Raises
+        `UnknownRequestError`, `InvalidArgumentError` for a bad count, `TokenCountError`
+        when ``num_tokens`` exceeds the request's tokens, and `CapacityError` when the
+        table would need more blocks than the whole pool holds (it can never fit).
+        """
+        state = self._get(request_id)
+        check_count(num_tokens, "num_tokens")
+        if num_tokens > len(state.tokens):
+            raise TokenCountError(
+                f"request {request_id!r} has {len(state.tokens)} tokens; "
+                f"cannot allocate for {num_tokens}"
+            )
+        table = state.table
+        prefix = [] if table else self._prefix_of(state)
+        needed = max(len(prefix), -(-num_tokens // self._block_size))
+        if needed > self._pool.capacity:
+            raise CapacityError(
+                f"request {request_id!r} needs {needed} blocks; the pool holds "
+                f"{self._pool.capacity}"
+            )
+        fresh = needed - len(table) - len(prefix)
+        if fresh <= 0 and not prefix:
+            return Allocation([], 0, [])
+
+        pool = self._pool
+        outcome = pool.reserve(prefix, fresh)
+        if outcome is None:
+            return None
+        reservation = outcome.reservation
+        removed = outcome.removed
+        if removed:
+            self._events.append(BlockRemoved(block_hashes=list(removed), medium=self._medium))
+            self._evictions += len(removed)
+        new_ids = pool.activate_prefix(reservation)
+        for _ in range(fresh):
+            new_ids.append(pool.allocate_private(reservation))
+        pool.cancel(reservation)  # empty by now: returns nothing, only closes it
+
+        if not table:
+            self._query_tokens += len(state.tokens)
+            self._hit_tokens += len(prefix) * self._block_size
+            state.computed = len(prefix) * self._block_size
+            state.visible = len(prefix)
+        table.extend(new_ids)
+        return Allocation(new_ids, len(prefix), list(removed))
+
+    def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
+        """Record the scheduler's computed-token count and publish the full blocks it covers.
+
+        Every table block the count covers whole becomes cache-visible; a BlockStored
+        event is queued for each run of blocks whose hash had no resident copy before.
+        Raises `UnknownRequestError`, `InvalidArgumentError`, and `TokenCountError` when
+        the count goes backwards or exceeds the request's tokens or its blocks' slots.
+        """
+        state = self._get(request_id)
+        computed = check_count(num_computed_tokens, "num_computed_tokens")
+        if computed < state.computed:
+            raise TokenCountError(
+                f"request {request_id!r} has {state.computed} computed tokens; "
+                f"the count cannot go back to {computed}"
+            )
+        limit = min(len(state.tokens), len(state.table) * self._block_size)
+        if computed > limit:
+            raise TokenCountError(
+                f"request {request_id!r} has {len(state.tokens)} tokens in "
+                f"{len(state.table)} blocks; cannot mark {computed} computed"
+            )
+        state.computed = computed
+        if not self._caching:
+            return
+        full = computed // self._block_size
+        if full > state.visible:
+            self._promote(state, state.visible, full)
+            state.visible = full
+
+    # ---------------------------------------------------------------- queries
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._requests))
+
+    def num_blocks(self, request_id: str) -> int:
+        """Blocks in the request's table. Raises `UnknownRequestError`."""
+        return len(self._get(request_id).table)
+
+    def block_table(self, request_id: str) -> list[BlockId]:
+        """A copy of the request's block ids, root first. Raises `UnknownRequestError`."""
+        return list(self._get(request_id).table)
+
+    def num_tokens(self, request_id: str) -> int:
+        """Tokens the request has (prompt plus appended). Raises `UnknownRequestError`."""
+        return len(self._get(request_id).tokens)
+
+    def num_computed_tokens(self, request_id: str) -> int:
+        """The request's computed-token count. Raises `UnknownRequestError`."""
+        return self._get(request_id).computed
+
+    def block_hashes(self, request_id: str) -> list[int]:
+        """Sequence hashes of the request's full blocks ([] with prefix caching off)."""
+        return list(self._get(request_id).hashes)
+
+    def stats(self) -> ManagerStats:
+        """The counters so far, as a frozen record."""
+        return ManagerStats(
+            num_requests=len(self._requests),
+            prefix_query_tokens=self._query_tokens,
+            prefix_hit_tokens=self._hit_tokens,
+            evictions=self._evictions,
+            preemptions=self._preemptions,
+        )
+
+    # ----------------------------------------------------------------- events
+
+    @property
+    def num_pending_events(self) -> int:
+        """Events queued and not yet taken."""
+        return len(self._events)
+
+    def take_events(self) -> list[KVEvent]:
+        """Drain the queued events, oldest first."""
+        events = self._events
+        self._events = []
+        return events
+
+    def take_batch(self, ts: float, data_parallel_rank: int | None = None) -> KVEventBatch | None:
+        """Drain the queued events into one `KVEventBatch`, or None if there are none."""
+        if not self._events:
+            return None
+        return KVEventBatch(ts=ts, events=self.take_events(), data_parallel_rank=data_parallel_rank)
+
+    # -------------------------------------------------------------- internals
+
+    def _get(self, request_id: str) -> RequestState:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            check_request_id(request_id)
+            raise UnknownRequestError(
+                f"request {request_id!r} is not registered (never added, or already freed)"
+            ) from None
+
+    def _prefix_of(self, state: RequestState) -> list[int]:
+        """The resident prefix a first allocation reuses: hits until the first miss,
+        leaving at least the last token to compute (vLLM's ``num_tokens - 1`` cap)."""
+        if not self._caching or not state.tokens:
+            return []
+        hashes = state.hashes
+        limit = min(len(hashes), (len(state.tokens) - 1) // self._block_size)
+        hit = self._pool.prefix_hit
+        prefix: list[int] = []
+        for i in range(limit):
+            if hit(hashes[i]) is None:
+                break
+            prefix.append(hashes[i])
+        return prefix
+
+    def _promote(self, state: RequestState, start: int, stop: int) -> None:
+        """Cache table blocks ``[start, stop)`` and queue Stored events for new hashes."""
+        cache = self._pool.cache_private
+        table = state.table
+        hashes = state.hashes
+        run_start = -1
+        for i in range(start, stop):
+            if cache(table[i], hashes[i]):
+                if run_start < 0:
+                    run_start = i
+            elif run_start >= 0:
+                self._stored(state, run_start, i)
+                run_start = -1
+        if run_start >= 0:
+            self._stored(state, run_start, stop)
+
+    def _stored(self, state: RequestState, start: int, stop: int) -> None:
+        bs = self._block_size
+        hashes = state.hashes
+        self._events.append(
+            BlockStored(
+                block_hashes=hashes[start:stop],
+                parent_block_hash=hashes[start - 1] if start else None,
+                token_ids=state.tokens[start * bs : stop * bs],
+                block_size=bs,
+                lora_id=None,
+                medium=self._medium,
+            )
+        )
+
+    def _release_table(self, state: RequestState) -> None:
+        """Release every block leaf first, so a leaf enters the LRU before its parent."""
+        release = self._pool.release
+        for block_id in reversed(state.table):
+            release(block_id)
+        state.reset()

@@ -1,0 +1,58 @@
+"""The manager's public value types: an allocation's result, a prefill cost, counters."""
+
+from __future__ import annotations
+
+import msgspec
+
+from kvpool.pool import BlockId
+
+
+class Allocation(msgspec.Struct, frozen=True, gc=False):
+    """What one successful `KvManager.allocate` did to the request's block table.
+
+    ``block_ids`` are the ids appended by this call, root first (a reused prefix first,
+    then the fresh blocks); ``cached_blocks`` counts the reused prefix blocks among them
+    (0 except on a request's first allocation); ``removed`` lists the hashes whose last
+    resident copy this call's reservation evicted, in eviction order.
+    """
+
+    block_ids: list[BlockId]
+    cached_blocks: int
+    removed: list[int]
+
+
+class PrefillCost(msgspec.Struct, frozen=True, gc=False):
+    """What admitting a request would cost now.
+
+    ``cached_blocks``: leading full blocks the next allocation would reuse from the
+    prefix cache; ``active_cached_blocks``: how many of those are in use by someone
+    (they cost no free capacity); ``new_blocks``: fresh blocks still needed to hold every
+    token the request has.
+    """
+
+    cached_blocks: int
+    active_cached_blocks: int
+    new_blocks: int
+
+
+class ManagerStats(msgspec.Struct, frozen=True, gc=False):
+    """Counters for a report, counted the way vLLM counts them.
+
+    Prefix-cache queries and hits are in tokens and counted once per successful first
+    allocation of a request (again after each preemption: a re-admission queries again).
+    ``evictions`` counts hashes whose last resident copy was evicted (every hash in a
+    BlockRemoved event). ``preemptions`` counts preempt calls that released blocks.
+    """
+
+    num_requests: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    evictions: int
+    preemptions: int
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Hit tokens over queried tokens; 0.0 before the first query."""
+        if not self.prefix_query_tokens:
+            return 0.0
+        return self.prefix_hit_tokens / self.prefix_query_tokens

@@ -1,0 +1,485 @@
+"""The request-level manager: block tables, the visibility watermark, events, release order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvpool.errors import (
+    CapacityError,
+    DuplicateRequestError,
+    InvalidArgumentError,
+    PoolError,
+    TokenCountError,
+    UnknownRequestError,
+)
+from kvpool.events import BlockRemoved, BlockStored
+from kvpool.hashing import block_hashes
+from kvpool.manager import Allocation, KvManager, PrefillCost
+from kvpool.pool import BlockPool
+
+BS = 4
+
+
+def make(capacity: int = 16, **kwargs: Any) -> KvManager:
+    return KvManager(BlockPool(capacity), BS, **kwargs)
+
+
+def run(manager: KvManager, request_id: str, tokens: list[int]) -> Allocation:
+    """Admit a request, allocate and compute all its tokens; return the allocation."""
+    manager.add_request(request_id, tokens)
+    allocation = manager.allocate(request_id, len(tokens))
+    assert allocation is not None
+    manager.mark_computed(request_id, len(tokens))
+    return allocation
+
+
+def evict_order(manager: KvManager) -> list[int]:
+    """Evict every inactive block through a raw reservation; the removed hashes, in order."""
+    pool = manager.pool
+    outcome = pool.reserve([], pool.capacity - pool.num_active())
+    assert outcome is not None
+    pool.cancel(outcome.reservation)
+    assert pool.num_inactive() == 0
+    return outcome.removed
+
+
+def snapshot(manager: KvManager) -> tuple[object, ...]:
+    pool = manager.pool
+    pool.check_invariants()
+    tables = {
+        rid: (
+            manager.block_table(rid),
+            manager.num_tokens(rid),
+            manager.num_computed_tokens(rid),
+        )
+        for rid in manager
+    }
+    return (
+        pool.num_active(),
+        pool.num_inactive(),
+        pool.num_active_refs(),
+        tables,
+        manager.num_pending_events,
+        manager.stats(),
+    )
+
+
+# ------------------------------------------------------------------ the watermark
+
+
+def test_full_block_becomes_visible_only_when_computed_covers_it_whole() -> None:
+    manager = make()
+    tokens = list(range(100, 110))  # 10 tokens: blocks [4, 4, 2]
+    h0, h1 = block_hashes(tokens, BS)
+    manager.add_request("a", tokens)
+    allocation = manager.allocate("a", 10)
+    assert allocation is not None
+    assert len(allocation.block_ids) == 3
+    assert allocation.cached_blocks == 0
+
+    manager.mark_computed("a", 3)
+    assert manager.pool.prefix_hit(h0) is None
+    assert manager.take_events() == []
+
+    manager.mark_computed("a", 7)  # covers block 0 whole, block 1 only partly
+    assert manager.pool.prefix_hit(h0) is not None
+    assert manager.pool.prefix_hit(h1) is None
+    assert manager.take_events() == [
+        BlockStored(block_hashes=[h0], parent_block_hash=None, token_ids=tokens[:4], block_size=BS)
+    ]
+
+    manager.mark_computed("a", 10)  # block 1 whole; block 2 is a partial tail
+    assert manager.take_events() == [
+        BlockStored(block_hashes=[h1], parent_block_hash=h0, token_ids=tokens[4:8], block_size=BS)
+    ]
+    assert manager.pool.num_active() == 3
+    manager.pool.check_invariants()
+
+
+def test_partial_tail_is_promoted_when_it_fills() -> None:
+    manager = make()
+    prompt = list(range(10))
+    run(manager, "a", prompt)
+    manager.take_events()
+    h = block_hashes([*prompt, 50, 51], BS)
+
+    manager.append_tokens("a", [50])
+    assert manager.allocate("a", 11) == Allocation([], 0, [])
+    manager.mark_computed("a", 11)
+    assert manager.take_events() == []  # 3 of 4 slots: still private
+
+    manager.append_tokens("a", [51])
+    assert manager.pool.prefix_hit(h[2]) is None  # full but not computed yet
+    manager.mark_computed("a", 12)
+    assert manager.take_events() == [
+        BlockStored(
+            block_hashes=[h[2]], parent_block_hash=h[1], token_ids=[8, 9, 50, 51], block_size=BS
+        )
+    ]
+    assert manager.num_blocks("a") == 3
+
+
+def test_over_allocated_future_blocks_stay_private() -> None:
+    manager = make()
+    tokens = list(range(16))
+    h = block_hashes(tokens, BS)
+    manager.add_request("a", tokens)
+    assert manager.allocate("a", 16) is not None
+    manager.mark_computed("a", 5)
+    assert [manager.pool.prefix_hit(x) is not None for x in h] == [True, False, False, False]
+    manager.free("a")
+    # The cached block idles in the LRU; the three private blocks were freed at once.
+    assert manager.pool.num_inactive() == 1
+    assert manager.pool.num_active() == 0
+
+
+def test_consecutive_new_blocks_form_one_stored_event() -> None:
+    manager = make()
+    tokens = list(range(13))
+    h = block_hashes(tokens, BS)
+    manager.add_request("a", tokens)
+    assert manager.allocate("a", 13) is not None
+    manager.mark_computed("a", 13)
+    assert manager.take_events() == [
+        BlockStored(block_hashes=h, parent_block_hash=None, token_ids=tokens[:12], block_size=BS)
+    ]
+
+
+def test_an_already_visible_block_splits_the_stored_group() -> None:
+    manager = make()
+    tokens = list(range(16))
+    h = block_hashes(tokens, BS)
+    # Someone else holds a cached copy of block 1's hash (not of its parent).
+    pool = manager.pool
+    outcome = pool.reserve([], 1)
+    assert outcome is not None
+    other = pool.allocate_private(outcome.reservation)
+    pool.cancel(outcome.reservation)
+    assert pool.cache_private(other, h[1])
+
+    manager.add_request("a", tokens)
+    assert manager.allocate("a", 16) is not None
+    manager.mark_computed("a", 16)
+    assert manager.take_events() == [
+        BlockStored(
+            block_hashes=[h[0]], parent_block_hash=None, token_ids=tokens[:4], block_size=BS
+        ),
+        BlockStored(
+            block_hashes=h[2:], parent_block_hash=h[1], token_ids=tokens[8:], block_size=BS
+        ),
+    ]
+
+
+def test_events_carry_the_managers_medium() -> None:
+    manager = make(medium="CPU")
+    run(manager, "a", list(range(8)))
+    (event,) = manager.take_events()
+    assert isinstance(event, BlockStored)
+    assert event.medium == "CPU"
+
+
+# ------------------------------------------------------------ prefix reuse
+
+
+def test_first_allocation_reuses_the_resident_prefix() -> None:
+    manager = make()
+    shared = list(range(8))
+    first = run(manager, "a", [*shared, 1, 2, 3])
+    manager.take_events()
+    manager.add_request("b", [*shared, 7, 7, 7, 7, 7])
+
+    assert manager.prefill_cost("b") == PrefillCost(
+        cached_blocks=2, active_cached_blocks=2, new_blocks=2
+    )
+    allocation = manager.allocate("b", 13)
+    assert allocation is not None
+    assert allocation.cached_blocks == 2
+    assert allocation.block_ids[:2] == first.block_ids[:2]
+    assert len(allocation.block_ids) == 4
+    assert manager.num_computed_tokens("b") == 8
+    assert manager.pool.num_active() == 3 + 2  # "a": 3 blocks, "b": 2 shared + 2 new
+
+    stats = manager.stats()
+    assert (stats.prefix_query_tokens, stats.prefix_hit_tokens) == (11 + 13, 8)
+    assert stats.prefix_hit_rate == pytest.approx(8 / 24)
+
+    manager.mark_computed("b", 13)
+    (stored,) = manager.take_events()
+    assert isinstance(stored, BlockStored)
+    assert stored.parent_block_hash == block_hashes(shared, BS)[-1]
+    assert stored.block_hashes == block_hashes([*shared, 7, 7, 7, 7, 7], BS)[2:]
+
+
+def test_prefix_leaves_the_last_token_to_compute() -> None:
+    manager = make()
+    tokens = list(range(12))  # three full blocks, all cached after "a"
+    run(manager, "a", tokens)
+    manager.add_request("b", tokens)
+    # vLLM caps a hit at num_tokens - 1 tokens: the last block is recomputed.
+    assert manager.prefill_cost("b") == PrefillCost(2, 2, 1)
+    allocation = manager.allocate("b", 12)
+    assert allocation is not None
+    assert allocation.cached_blocks == 2
+
+
+def test_prefix_walk_stops_at_the_first_miss() -> None:
+    manager = make()
+    run(manager, "a", list(range(12)))
+    manager.free("a")
+    evicted = evict_order(manager)
+    assert len(evicted) == 3
+    run(manager, "c", list(range(4)) + [99] * 8)  # caches block 0 only (same tokens)
+    manager.add_request("b", [*range(12), 5])
+    assert manager.prefill_cost("b") == PrefillCost(1, 1, 3)
+
+
+def test_only_the_first_allocation_reuses_a_prefix() -> None:
+    manager = make()
+    tokens = list(range(16))
+    manager.add_request("b", tokens)
+    first = manager.allocate("b", 4)  # nothing cached yet: one fresh block
+    assert first is not None
+    assert first.cached_blocks == 0
+
+    a = run(manager, "a", tokens)  # "a" makes blocks 0..3 visible meanwhile
+    manager.take_events()
+    assert manager.prefill_cost("b") == PrefillCost(0, 0, 3)
+    growth = manager.allocate("b", 16)
+    assert growth is not None
+    assert growth.cached_blocks == 0
+    assert not set(growth.block_ids) & set(a.block_ids)
+    assert manager.pool.num_active() == 8
+
+    # "b" computes duplicates of visible hashes: copies, but no Stored event.
+    manager.mark_computed("b", 16)
+    assert manager.take_events() == []
+
+
+def test_preempted_request_re_hits_its_own_inactive_blocks() -> None:
+    manager = make()
+    tokens = list(range(10))
+    first = run(manager, "a", tokens)
+    manager.take_events()
+    manager.preempt("a")
+    assert manager.num_blocks("a") == 0
+    assert manager.num_computed_tokens("a") == 0
+    assert manager.pool.num_inactive() == 2
+    assert manager.prefill_cost("a") == PrefillCost(2, 0, 1)
+
+    again = manager.allocate("a", 10)
+    assert again is not None
+    assert again.cached_blocks == 2
+    assert again.block_ids[:2] == first.block_ids[:2]
+    assert manager.num_computed_tokens("a") == 8
+    manager.mark_computed("a", 10)
+    assert manager.take_events() == []  # nothing new became visible
+    stats = manager.stats()
+    assert (stats.preemptions, stats.prefix_query_tokens, stats.prefix_hit_tokens) == (1, 20, 8)
+
+
+def test_growth_after_decode_takes_fresh_blocks_only() -> None:
+    manager = make()
+    run(manager, "a", list(range(8)))
+    manager.append_tokens("a", [1])
+    growth = manager.allocate("a", 9)
+    assert growth is not None
+    assert (len(growth.block_ids), growth.cached_blocks) == (1, 0)
+    assert manager.num_blocks("a") == 3
+
+
+# ------------------------------------------------------------- release order
+
+
+def test_completion_releases_the_table_leaf_first() -> None:
+    manager = make()
+    tokens = list(range(12))
+    h = block_hashes(tokens, BS)
+    run(manager, "a", tokens)
+    manager.free("a")
+    assert "a" not in manager
+    assert evict_order(manager) == [h[2], h[1], h[0]]
+
+
+def test_preemption_releases_the_table_leaf_first() -> None:
+    manager = make()
+    tokens = list(range(12))
+    h = block_hashes(tokens, BS)
+    run(manager, "a", tokens)
+    manager.preempt("a")
+    assert "a" in manager
+    assert evict_order(manager) == [h[2], h[1], h[0]]
+
+
+def test_eviction_under_pressure_takes_the_leaf_and_reports_one_removed_event() -> None:
+    manager = make(capacity=4)
+    tokens = list(range(12))
+    h = block_hashes(tokens, BS)
+    run(manager, "a", tokens)
+    manager.free("a")
+    manager.take_events()
+
+    manager.add_request("b", [9] * 12)
+    allocation = manager.allocate("b", 12)  # 3 new blocks: 1 free, 2 evicted
+    assert allocation is not None
+    assert allocation.removed == [h[2], h[1]]
+    assert manager.take_events() == [BlockRemoved(block_hashes=[h[2], h[1]])]
+    assert manager.stats().evictions == 2
+    assert manager.pool.prefix_hit(h[0]) is not None
+
+
+def test_removed_event_precedes_the_allocations_stored_event() -> None:
+    manager = make(capacity=3)
+    run(manager, "a", list(range(12)))
+    manager.free("a")
+    manager.take_events()
+    run(manager, "b", [7] * 8)
+    events = manager.take_events()
+    assert [type(e) for e in events] == [BlockRemoved, BlockStored]
+
+
+# ------------------------------------------------------------- does not fit
+
+
+def test_allocation_that_does_not_fit_changes_nothing() -> None:
+    manager = make(capacity=4)
+    run(manager, "a", list(range(9)))  # 3 blocks: 2 cached + a private tail
+    manager.add_request("b", [*range(8), 5, 5, 5, 5, 5])  # 2 cached prefix + 2 new
+    manager.add_request("c", [3] * 8)
+    before = snapshot(manager)
+    assert manager.allocate("b", 13) is None
+    assert manager.allocate("c", 8) is None
+    assert snapshot(manager) == before
+    manager.free("a")
+    assert manager.allocate("b", 13) is not None
+
+
+def test_growth_that_does_not_fit_changes_nothing() -> None:
+    manager = make(capacity=3)
+    run(manager, "a", list(range(8)))
+    run(manager, "x", [1])  # the last free block, private
+    manager.append_tokens("a", [1])
+    before = snapshot(manager)
+    assert manager.allocate("a", 9) is None
+    assert snapshot(manager) == before
+
+
+def test_a_request_larger_than_the_pool_raises_capacity_error() -> None:
+    manager = make(capacity=2)
+    manager.add_request("a", list(range(9)))
+    before = snapshot(manager)
+    with pytest.raises(CapacityError):
+        manager.allocate("a", 9)
+    assert snapshot(manager) == before
+    assert manager.allocate("a", 8) is not None
+
+
+# ------------------------------------------------------------- misuse
+
+
+def _misuse_manager() -> KvManager:
+    manager = make()
+    run(manager, "a", list(range(10)))
+    manager.add_request("b", list(range(5)))
+    return manager
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda m: m.allocate("nope", 1), UnknownRequestError),
+        (lambda m: m.mark_computed("nope", 1), UnknownRequestError),
+        (lambda m: m.append_tokens("nope", [1]), UnknownRequestError),
+        (lambda m: m.free("nope"), UnknownRequestError),
+        (lambda m: m.preempt("nope"), UnknownRequestError),
+        (lambda m: m.prefill_cost("nope"), UnknownRequestError),
+        (lambda m: m.num_blocks("nope"), UnknownRequestError),
+        (lambda m: m.add_request("a", [1, 2]), DuplicateRequestError),
+        (lambda m: m.allocate("b", 6), TokenCountError),
+        (lambda m: m.allocate("b", -1), InvalidArgumentError),
+        (lambda m: m.allocate("b", 1.0), InvalidArgumentError),
+        (lambda m: m.allocate("b", True), InvalidArgumentError),
+        (lambda m: m.mark_computed("a", 9), TokenCountError),
+        (lambda m: m.mark_computed("a", 11), TokenCountError),
+        (lambda m: m.mark_computed("b", 1), TokenCountError),  # holds no block yet
+        (lambda m: m.mark_computed("a", "10"), InvalidArgumentError),
+        (lambda m: m.add_request("c", [1, -1]), InvalidArgumentError),
+        (lambda m: m.add_request("c", [1, 2**32]), InvalidArgumentError),
+        (lambda m: m.add_request("c", [1, 2.0]), InvalidArgumentError),
+        (lambda m: m.add_request("c", "abc"), InvalidArgumentError),
+        (lambda m: m.add_request(7, [1]), InvalidArgumentError),
+        (lambda m: m.add_request(["x"], [1]), InvalidArgumentError),
+        (lambda m: m.append_tokens("a", [2**32]), InvalidArgumentError),
+        (lambda m: m.allocate(["a"], 1), InvalidArgumentError),
+    ],
+)
+def test_misuse_raises_a_typed_error_and_changes_nothing(call: Any, error: type[PoolError]) -> None:
+    manager = _misuse_manager()
+    before = snapshot(manager)
+    with pytest.raises(error):
+        call(manager)
+    assert snapshot(manager) == before
+
+
+def test_double_free_is_an_unknown_request() -> None:
+    manager = _misuse_manager()
+    manager.free("a")
+    before = snapshot(manager)
+    with pytest.raises(UnknownRequestError):
+        manager.free("a")
+    assert snapshot(manager) == before
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"block_size": 0}, {"block_size": 2.0}, {"enable_prefix_caching": 1}, {"medium": 3}],
+)
+def test_bad_construction_raises_invalid_argument(kwargs: dict[str, Any]) -> None:
+    args: dict[str, Any] = {"block_size": BS, **kwargs}
+    block_size = args.pop("block_size")
+    with pytest.raises(InvalidArgumentError):
+        KvManager(BlockPool(4), block_size, **args)
+
+
+def test_a_pool_is_required() -> None:
+    with pytest.raises(InvalidArgumentError):
+        KvManager(4, BS)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------- prefix caching disabled
+
+
+def test_without_prefix_caching_blocks_stay_private_and_nothing_is_reused() -> None:
+    manager = make(enable_prefix_caching=False)
+    tokens = list(range(12))
+    run(manager, "a", tokens)
+    manager.add_request("b", tokens)
+    assert manager.prefill_cost("b") == PrefillCost(0, 0, 3)
+    allocation = manager.allocate("b", 12)
+    assert allocation is not None
+    assert allocation.cached_blocks == 0
+    assert all(manager.pool.prefix_hit(x) is None for x in block_hashes(tokens, BS))
+    manager.free("a")
+    manager.free("b")
+    assert (manager.pool.num_active(), manager.pool.num_inactive()) == (0, 0)
+    assert manager.take_events() == []
+    stats = manager.stats()
+    assert (stats.prefix_query_tokens, stats.prefix_hit_tokens, stats.evictions) == (24, 0, 0)
+
+
+# ---------------------------------------------------------------- draining
+
+
+def test_take_batch_drains_in_order_and_is_none_when_empty() -> None:
+    manager = make(capacity=3)
+    assert manager.take_batch(1.0) is None
+    run(manager, "a", list(range(12)))
+    manager.free("a")
+    run(manager, "b", [5] * 8)
+    batch = manager.take_batch(2.5, data_parallel_rank=1)
+    assert batch is not None
+    assert (batch.ts, batch.data_parallel_rank) == (2.5, 1)
+    assert [type(e) for e in batch.events] == [BlockStored, BlockRemoved, BlockStored]
+    assert manager.num_pending_events == 0
+    assert manager.take_batch(3.0) is None
