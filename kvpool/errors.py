@@ -98,3 +98,12 @@ class TokenCountError(RequestError, InvalidArgumentError):
     """A token count is out of range for the request (beyond its tokens or its blocks,
     or a computed count going backwards)."""
 
+
+class TraceError(PoolError, ValueError):
+    """A workload trace is malformed; ``line`` names the 1-based line at fault (or None)."""
+
+    def __init__(self, message: str, *, source: str, line: int | None = None) -> None:
+        self.source = source
+        self.line = line
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {message}")

@@ -1,0 +1,83 @@
+"""A workload's requests: arrival time, prompt and output, with tokens derived on demand.
+
+A prompt is a tuple of `Segment`s (a seed and a length); its tokens are a pure function of
+the segments, so two prompts that start with the same segments start with the same
+tokens and share cache blocks. Tokens are built only when the engine admits a request:
+a trace of thousands of long prompts never sits in memory as token lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+_TOKEN_MASK = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B9  # odd, so j -> j * _GOLDEN is a bijection modulo 2**32
+
+
+class Segment(NamedTuple):
+    """``length`` tokens derived from ``seed``: token ``j`` is a u32 mix of (seed, j)."""
+
+    seed: int
+    length: int
+
+    def token(self, index: int) -> int:
+        """Token id number ``index`` of the segment (no bounds check: hot path)."""
+        return (self.seed + index * _GOLDEN) & _TOKEN_MASK
+
+    def tokens(self, start: int = 0, stop: int | None = None) -> list[int]:
+        """Token ids ``[start, stop)`` of the segment (``stop`` defaults to its length)."""
+        seed = self.seed & _TOKEN_MASK
+        end = self.length if stop is None else min(stop, self.length)
+        return [(seed + j * _GOLDEN) & _TOKEN_MASK for j in range(start, end)]
+
+
+def mix_seed(*parts: int) -> int:
+    """A u32 seed from integers (splitmix64 rounds): distinct inputs, unrelated seeds."""
+    h = 0x9E3779B97F4A7C15
+    for part in parts:
+        h = (h ^ (part & _U64)) * 0xBF58476D1CE4E5B9 & _U64
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _U64
+        h ^= h >> 29
+    return (h ^ (h >> 32)) & _TOKEN_MASK
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request of a workload.
+
+    ``arrival_s`` is the simulated arrival time in seconds from the workload's start;
+    ``prompt`` the prompt's segments; ``output`` the segment the engine generates token by
+    token (its length is the number of output tokens, at least 1).
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt: tuple[Segment, ...]
+    output: Segment
+    input_length: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if any(segment.length < 0 for segment in self.prompt):
+            raise ValueError(f"request {self.request_id}: negative segment length")
+        length = sum(segment.length for segment in self.prompt)
+        if length < 1:
+            raise ValueError(f"request {self.request_id}: the prompt must hold >= 1 token")
+        if self.output.length < 1:
+            raise ValueError(f"request {self.request_id}: output_length must be >= 1")
+        if self.arrival_s < 0:
+            raise ValueError(f"request {self.request_id}: arrival must be >= 0")
+        object.__setattr__(self, "input_length", length)
+
+    @property
+    def output_length(self) -> int:
+        """Tokens the request generates before it finishes."""
+        return self.output.length
+
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt's token ids, built now (a fresh list each call)."""
+        tokens: list[int] = []
+        for segment in self.prompt:
+            tokens.extend(segment.tokens())
+        return tokens
