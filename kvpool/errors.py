@@ -63,15 +63,15 @@ class AlreadyCachedError(BlockError):
     """``cache_private`` of a copy that is already in the prefix cache."""
 
 
-class InvariantViolation(PoolError):  # noqa: N818 - the reference's word for it
+class InvariantViolation(PoolError):
     """The pool's internal state breaks one of its invariants: a bug, never a caller's."""
 
 
-class PoolClosed(PoolError):  # noqa: N818 - reads as a state, like anyio's ClosedResourceError
+class PoolClosed(PoolError):
     """The pool actor has shut down; the call was not performed."""
 
 
-class PoolCrashed(PoolError):  # noqa: N818
+class PoolCrashed(PoolError):
     """The pool actor died of an internal error; ``__cause__`` holds that error."""
 
 

@@ -30,7 +30,7 @@ from kvpool.errors import (
     ReservationExhaustedError,
     UnknownBlockError,
 )
-from kvpool.pool.copy import Copy
+from kvpool.pool.copy import PIN, REF_MASK, Copy
 from kvpool.pool.types import (
     ACTIVE_HIT,
     INACTIVE_HIT,
@@ -45,6 +45,7 @@ _SLOT_BITS = 32
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
 _MAX_CAPACITY = 1 << _SLOT_BITS
 _serials = count(1)  # shared by every pool in the process: ids are unique across pools
+_PIN_TO_REF = 1 - PIN  # added to ``holds``: one pin becomes one reference
 
 
 class BlockPool:
@@ -69,16 +70,14 @@ class BlockPool:
 
     def __init__(self, capacity: int) -> None:
         if type(capacity) is not int or not 1 <= capacity < _MAX_CAPACITY:
-            raise InvalidArgumentError(
-                f"capacity must be an int in [1, 2**32), got {capacity!r}"
-            )
+            raise InvalidArgumentError(f"capacity must be an int in [1, 2**32), got {capacity!r}")
         self._capacity = capacity
         self._slots: list[Copy | None] = [None] * capacity
         self._free: list[int] = []  # released slots below `_high`, reused LIFO
         self._high = 0  # slots at or above this index were never used
         self._by_hash: dict[int, Copy] = {}
         self._dups: dict[int, list[Copy]] = {}  # never holds an empty list
-        sentinel = Copy(-1, None, 0)
+        sentinel = Copy(-1, None, -1)  # never inactive, never evicted
         sentinel.prev = sentinel.next = sentinel
         self._lru = sentinel
         self._num_copies = 0
@@ -118,14 +117,12 @@ class BlockPool:
         except TypeError:  # unhashable
             _bad_hash(block_hash)
         if copy is None:
-            if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+            if type(block_hash) is not int or not 0 <= block_hash <= 0xFFFFFFFFFFFFFFFF:
                 _bad_hash(block_hash)
             return None
         if type(block_hash) is not int:
             _bad_hash(block_hash)
-        if copy.refs or copy.pins:
-            return ACTIVE_HIT
-        return INACTIVE_HIT
+        return ACTIVE_HIT if copy.holds else INACTIVE_HIT
 
     def num_active(self) -> int:
         """Copies in use plus reserved capacity: what vLLM reports as used blocks."""
@@ -150,106 +147,129 @@ class BlockPool:
         """
         if type(fresh) is not int or fresh < 0:
             raise InvalidArgumentError(f"fresh must be an int >= 0, got {fresh!r}")
-        get = self._by_hash.get
-        try:
-            hits = [get(h) for h in prefix]
-        except TypeError:  # not iterable, or an unhashable element
+        if prefix:
+            try:
+                hits: list[Copy] = list(map(self._by_hash.get, prefix))  # type: ignore[arg-type]
+            except TypeError:  # an unhashable element
+                _check_prefix(prefix, self._by_hash)
+            if None in hits or list(map(type, prefix)).count(int) != len(hits):
+                _check_prefix(prefix, self._by_hash)
+        elif isinstance(prefix, str | bytes) or not isinstance(prefix, Iterable):
             _check_prefix(prefix, self._by_hash)
-        if hits and (None in hits or any(type(h) is not int for h in prefix)):
-            _check_prefix(prefix, self._by_hash)
+        else:
+            hits = []
 
-        needed = fresh - (self._capacity - self._num_copies - self._reserved)
+        needed = fresh - self._capacity + self._num_copies + self._reserved
         if needed > 0:
             evictable = self._num_inactive
-            if hits:
-                evictable -= len({id(c) for c in hits if not c.refs and not c.pins})  # type: ignore[union-attr]
-            if needed > evictable:
-                return None
+            if needed > evictable - len(hits):
+                # Inactive prefix copies get pinned first, so they are not evictable.
+                evictable -= len({id(copy) for copy in hits if not copy.holds})
+                if needed > evictable:
+                    return None
 
+        unlinked = 0
         for copy in hits:
-            if not copy.pins and not copy.refs:  # type: ignore[union-attr]
-                # Leaving the LRU before the pin: membership follows refs and pins.
-                prev = copy.prev  # type: ignore[union-attr]
-                nxt = copy.next  # type: ignore[union-attr]
+            holds = copy.holds
+            if not holds:
+                # Leave the LRU before the pin: membership follows refs and pins.
+                prev = copy.prev
+                nxt = copy.next
                 prev.next = nxt  # type: ignore[union-attr]
                 nxt.prev = prev  # type: ignore[union-attr]
-                copy.prev = copy.next = None  # type: ignore[union-attr]
-                self._num_inactive -= 1
-            copy.pins += 1  # type: ignore[union-attr]
+                copy.prev = copy.next = None
+                unlinked += 1
+            copy.holds = holds + PIN
+        self._num_inactive -= unlinked
 
         removed: list[int] = []
         if needed > 0:
             self._evict(needed, removed)
         self._reserved += fresh
-        return ReserveOutcome(Reservation(self, hits, fresh), removed)  # type: ignore[arg-type]
+        return ReserveOutcome(Reservation(self, hits, fresh, False), removed)
 
     def activate_prefix(self, reservation: Reservation) -> list[BlockId]:
         """Turn the reservation's prefix pins into request references, root first."""
         if type(reservation) is not Reservation or reservation._pool is not self:
             _foreign(reservation)
-        if reservation._closed:
-            _closed(reservation)
         prefix = reservation._prefix
         if not prefix:
+            if reservation._closed:
+                _closed(reservation)
             return []
         reservation._prefix = []
+        ids = []
         for copy in prefix:
-            copy.pins -= 1
-            copy.refs += 1
-        self._refs += len(prefix)
-        return [copy.id for copy in prefix]  # type: ignore[misc]
+            copy.holds += _PIN_TO_REF
+            ids.append(copy.id)
+        self._refs += len(ids)
+        return ids  # type: ignore[return-value]
 
     def allocate_private(self, reservation: Reservation) -> BlockId:
         """Spend one reserved unit on a new request-private copy."""
         if type(reservation) is not Reservation or reservation._pool is not self:
             _foreign(reservation)
-        if reservation._closed:
-            _closed(reservation)
-        if reservation._fresh <= 0:
+        fresh = reservation._fresh
+        if fresh <= 0:  # a cancelled reservation has none left either
             _exhausted(reservation)
-        reservation._fresh -= 1
+        reservation._fresh = fresh - 1
+        free = self._free
+        if free:
+            slot = free.pop()
+        else:
+            slot = self._high
+            self._high = slot + 1
+        block_id = next(_serials) << 32 | slot
+        self._slots[slot] = Copy(block_id, None, 1)
         self._reserved -= 1
-        return self._new_copy(None).id  # type: ignore[return-value]
+        self._num_copies += 1
+        self._refs += 1
+        return block_id  # type: ignore[return-value]
 
     def allocate_cached(self, reservation: Reservation, block_hash: int) -> tuple[BlockId, bool]:
         """Allocate straight into the cache; True iff the hash became visible (0 -> 1)."""
         if type(reservation) is not Reservation or reservation._pool is not self:
             _foreign(reservation)
-        if reservation._closed:
-            _closed(reservation)
-        if reservation._fresh <= 0:
+        fresh = reservation._fresh
+        if fresh <= 0:
             _exhausted(reservation)
-        if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+        if type(block_hash) is not int or not 0 <= block_hash <= 0xFFFFFFFFFFFFFFFF:
             _bad_hash(block_hash)
-        reservation._fresh -= 1
+        reservation._fresh = fresh - 1
+        free = self._free
+        if free:
+            slot = free.pop()
+        else:
+            slot = self._high
+            self._high = slot + 1
+        block_id = next(_serials) << 32 | slot
+        copy = Copy(block_id, block_hash, 1)
+        self._slots[slot] = copy
         self._reserved -= 1
-        copy = self._new_copy(block_hash)
-        first = self._by_hash.get(block_hash)
-        if first is None:
-            self._by_hash[block_hash] = copy
-            return copy.id, True  # type: ignore[return-value]
+        self._num_copies += 1
+        self._refs += 1
+        if self._by_hash.setdefault(block_hash, copy) is copy:
+            return block_id, True  # type: ignore[return-value]
         self._add_duplicate(block_hash, copy)
-        return copy.id, False  # type: ignore[return-value]
+        return block_id, False  # type: ignore[return-value]
 
     def cache_private(self, block_id: BlockId, block_hash: int) -> bool:
         """Make a private copy findable; True iff it is the hash's first resident copy."""
         try:
-            copy = self._slots[block_id & _SLOT_MASK]
+            copy = self._slots[block_id & 0xFFFFFFFF]
         except (IndexError, TypeError):
-            copy = None
-        if copy is None or copy.id != block_id or type(block_id) is not int:
+            _unknown(block_id)
+        if copy is None or copy.id != block_id:
             _unknown(block_id)
         if copy.hash is not None:
             raise AlreadyCachedError(
                 f"block {block_id} is already cached (hash {copy.hash}); "
                 "only a private copy can enter the prefix cache"
             )
-        if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+        if type(block_hash) is not int or not 0 <= block_hash <= 0xFFFFFFFFFFFFFFFF:
             _bad_hash(block_hash)
         copy.hash = block_hash
-        first = self._by_hash.get(block_hash)
-        if first is None:
-            self._by_hash[block_hash] = copy
+        if self._by_hash.setdefault(block_hash, copy) is copy:
             return True
         self._add_duplicate(block_hash, copy)
         return False
@@ -257,25 +277,27 @@ class BlockPool:
     def release(self, block_id: BlockId) -> None:
         """Drop one request reference: a private copy is freed, a cached one may go idle."""
         try:
-            copy = self._slots[block_id & _SLOT_MASK]
+            slot = block_id & 0xFFFFFFFF
+            copy = self._slots[slot]
         except (IndexError, TypeError):
-            copy = None
-        if copy is None or copy.id != block_id or type(block_id) is not int:
+            _unknown(block_id)
+        if copy is None or copy.id != block_id:
             _unknown(block_id)
         if copy.hash is None:
-            self._slots[block_id & _SLOT_MASK] = None
-            self._free.append(block_id & _SLOT_MASK)
+            self._slots[slot] = None
+            self._free.append(slot)
             self._num_copies -= 1
             self._refs -= 1
             return
-        refs = copy.refs
-        if not refs:
+        holds = copy.holds
+        if not holds & REF_MASK:
             raise BlockNotReferencedError(
                 f"block {block_id} (hash {copy.hash}) holds no request reference to release"
             )
-        copy.refs = refs - 1
+        holds -= 1
+        copy.holds = holds
         self._refs -= 1
-        if refs == 1 and not copy.pins:
+        if not holds:
             sentinel = self._lru
             tail = sentinel.prev
             tail.next = copy  # type: ignore[union-attr]
@@ -290,39 +312,30 @@ class BlockPool:
             _foreign(reservation)
         if reservation._closed:
             _closed(reservation)
-        prefix = reservation._prefix
         reservation._closed = True
+        prefix = reservation._prefix
         if prefix:
             reservation._prefix = []
             sentinel = self._lru
+            linked = 0
             # Leaf first: a suffix becomes an older LRU candidate than its parent.
             for copy in reversed(prefix):
-                pins = copy.pins - 1
-                copy.pins = pins
-                if not pins and not copy.refs:
+                holds = copy.holds - PIN
+                copy.holds = holds
+                if not holds:
                     tail = sentinel.prev
                     tail.next = copy  # type: ignore[union-attr]
                     copy.prev = tail
                     copy.next = sentinel
                     sentinel.prev = copy
-                    self._num_inactive += 1
-        self._reserved -= reservation._fresh
-        reservation._fresh = 0
+                    linked += 1
+            self._num_inactive += linked
+        fresh = reservation._fresh
+        if fresh:
+            self._reserved -= fresh
+            reservation._fresh = 0
 
     # -------------------------------------------------------------- internals
-
-    def _new_copy(self, block_hash: int | None) -> Copy:
-        free = self._free
-        if free:
-            slot = free.pop()
-        else:
-            slot = self._high
-            self._high = slot + 1
-        copy = Copy(next(_serials) << _SLOT_BITS | slot, block_hash, 1)
-        self._slots[slot] = copy
-        self._num_copies += 1
-        self._refs += 1
-        return copy
 
     def _add_duplicate(self, block_hash: int, copy: Copy) -> None:
         later = self._dups.get(block_hash)
@@ -338,28 +351,27 @@ class BlockPool:
         free = self._free
         by_hash = self._by_hash
         dups = self._dups
+        copy = sentinel.next
         for _ in range(count):
-            copy = sentinel.next
-            nxt = copy.next  # type: ignore[union-attr]
-            sentinel.next = nxt
-            nxt.prev = sentinel  # type: ignore[union-attr]
-            copy.prev = copy.next = None  # type: ignore[union-attr]
-            slot = copy.id & _SLOT_MASK  # type: ignore[union-attr]
+            # The evicted copy keeps its stale links: nothing refers to it any more.
+            slot = copy.id & 0xFFFFFFFF  # type: ignore[union-attr]
             slots[slot] = None
             free.append(slot)
             block_hash: int = copy.hash  # type: ignore[union-attr, assignment]
-            later = dups.get(block_hash) if dups else None
-            if later is None:
-                del by_hash[block_hash]
-                removed.append(block_hash)
-            elif by_hash[block_hash] is copy:
-                by_hash[block_hash] = later.pop(0)
+            if dups and block_hash in dups:
+                later = dups[block_hash]
+                if by_hash[block_hash] is copy:
+                    by_hash[block_hash] = later.pop(0)
+                else:
+                    later.remove(copy)  # type: ignore[arg-type]
                 if not later:
                     del dups[block_hash]
             else:
-                later.remove(copy)
-                if not later:
-                    del dups[block_hash]
+                del by_hash[block_hash]
+                removed.append(block_hash)
+            copy = copy.next  # type: ignore[union-attr]
+        sentinel.next = copy
+        copy.prev = sentinel  # type: ignore[union-attr]
         self._num_copies -= count
         self._num_inactive -= count
 
@@ -421,7 +433,7 @@ class BlockPool:
 
         refs = 0
         for copy in live.values():
-            _require(copy.refs >= 0 and copy.pins >= 0, f"copy {copy.id} has a negative count")
+            _require(copy.holds >= 0, f"copy {copy.id} has a negative reference or pin count")
             if copy.hash is None:
                 _require(
                     (copy.refs, copy.pins) == (1, 0),
@@ -446,7 +458,9 @@ class BlockPool:
         for block_hash, first in self._by_hash.items():
             chain = [first, *self._dups.get(block_hash, ())]
             for copy in chain:
-                _require(copy.hash == block_hash, f"hash {block_hash} indexes a copy of another hash")
+                _require(
+                    copy.hash == block_hash, f"hash {block_hash} indexes a copy of another hash"
+                )
                 _require(live.get(copy.id) is copy, f"hash {block_hash} indexes a dead copy")
                 indexed[id(copy)] = indexed.get(id(copy), 0) + 1
         for block_hash, later in self._dups.items():
@@ -487,6 +501,8 @@ def _closed(reservation: Reservation) -> NoReturn:
 
 
 def _exhausted(reservation: Reservation) -> NoReturn:
+    if reservation._closed:
+        _closed(reservation)
     raise ReservationExhaustedError(f"{reservation!r} has no fresh capacity left to allocate")
 
 

@@ -1,0 +1,229 @@
+"""Benchmark the synchronous BlockPool on a seeded, engine-like workload.
+
+Requests share system-prompt prefixes and carry unique suffixes. Each request looks up
+its resident prefix with ``prefix_hit``, reserves, activates the prefix, allocates and
+caches its new full blocks (plus one private tail block), closes the reservation, runs
+for a while beside other requests, then releases its table leaf first. The cache holds
+less than the working set, so a large share of reserves evict.
+
+Prints ns per pool call (wall time of the whole replay, driver included, divided by pool
+calls), block operations per second, bytes per resident cached block (tracemalloc) and
+the per-call cost at capacities from 1,000 to 1,000,000.
+
+Reproduce: ``python benchmarks/bench_pool.py`` (add ``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import sys
+import time
+import tracemalloc
+from collections import deque
+from dataclasses import dataclass
+
+from kvpool.pool import BlockId, BlockPool
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Pre-generated block-hash chains, one per request, and how long each runs."""
+
+    chains: list[list[int]]
+    lifetimes: list[int]
+    in_flight: int
+
+
+def make_workload(capacity: int, requests: int, seed: int = 0) -> Workload:
+    """Chains of 16..48 blocks: a shared system prompt (8..24 blocks) plus a unique suffix.
+
+    The number of system prompts and the number of requests in flight scale with the
+    capacity, so the share of reserves that evict stays about the same at every size.
+    """
+    rng = random.Random(seed)
+    in_flight = max(4, capacity // 64)
+    prompts = [
+        [rng.getrandbits(64) for _ in range(rng.randint(8, 24))]
+        for _ in range(max(4, capacity // 40))
+    ]
+    chains = []
+    for _ in range(requests):
+        system = prompts[min(int(rng.paretovariate(1.2)) - 1, len(prompts) - 1)]
+        suffix = [rng.getrandbits(64) for _ in range(rng.randint(4, 24))]
+        chains.append(system + suffix)
+    lifetimes = [rng.randint(1, in_flight) for _ in range(requests)]
+    return Workload(chains, lifetimes, in_flight)
+
+
+@dataclass
+class Replay:
+    """What one replay did."""
+
+    calls: int
+    block_ops: int
+    reserves: int
+    evicting_reserves: int
+    failed_reserves: int
+    seconds: float
+
+
+def replay(pool: BlockPool, workload: Workload) -> Replay:
+    """Drive ``pool`` through every request of ``workload``; count calls and time them."""
+    prefix_hit = pool.prefix_hit
+    reserve = pool.reserve
+    activate_prefix = pool.activate_prefix
+    allocate_private = pool.allocate_private
+    cache_private = pool.cache_private
+    release = pool.release
+    cancel = pool.cancel
+    running: deque[tuple[int, list[BlockId]]] = deque()
+    calls = block_ops = reserves = evicting = failed = 0
+    step = 0
+
+    start = time.perf_counter()
+    for chain, lifetime in zip(workload.chains, workload.lifetimes, strict=True):
+        step += 1
+        while running and (running[0][0] <= step or len(running) >= workload.in_flight):
+            _, table = running.popleft()
+            for block_id in reversed(table):
+                release(block_id)
+            calls += len(table)
+            block_ops += len(table)
+        hits = 0
+        for block_hash in chain:
+            calls += 1
+            if prefix_hit(block_hash) is None:
+                break
+            hits += 1
+        prefix = chain[:hits]
+        suffix = chain[hits:]
+        outcome = reserve(prefix, len(suffix) + 1)
+        calls += 1
+        reserves += 1
+        if outcome is None:
+            failed += 1
+            continue
+        if outcome.removed:
+            evicting += 1
+        reservation = outcome.reservation
+        table = activate_prefix(reservation)
+        for block_hash in suffix:
+            block_id = allocate_private(reservation)
+            cache_private(block_id, block_hash)
+            table.append(block_id)
+        table.append(allocate_private(reservation))  # the partial tail stays private
+        cancel(reservation)
+        calls += 3 + 2 * len(suffix)
+        block_ops += len(prefix) + 2 * len(suffix) + 1
+        running.append((step + lifetime, table))
+    for _, table in running:
+        for block_id in reversed(table):
+            release(block_id)
+        calls += len(table)
+        block_ops += len(table)
+    seconds = time.perf_counter() - start
+    return Replay(calls, block_ops, reserves, evicting, failed, seconds)
+
+
+def warm(pool: BlockPool, capacity: int) -> None:
+    """Fill the pool with inactive cached blocks so the measured replay starts full."""
+    outcome = pool.reserve([], capacity)
+    assert outcome is not None
+    ids = [pool.allocate_private(outcome.reservation) for _ in range(capacity)]
+    for block_id in ids:
+        pool.cache_private(block_id, random.getrandbits(64))
+    for block_id in reversed(ids):
+        pool.release(block_id)
+    pool.cancel(outcome.reservation)
+
+
+def measure_calls(capacity: int, requests: int, repeats: int) -> Replay:
+    """Best of ``repeats`` replays on a warm pool (the least-disturbed run)."""
+    workload = make_workload(capacity, requests)
+    best: Replay | None = None
+    for _ in range(repeats):
+        pool = BlockPool(capacity)
+        warm(pool, capacity)
+        gc.collect()
+        result = replay(pool, workload)
+        pool.check_invariants()
+        assert pool.num_active() == 0, "the replay leaked blocks"
+        if best is None or result.seconds < best.seconds:
+            best = result
+    assert best is not None
+    return best
+
+
+def measure_memory(capacity: int) -> tuple[float, float]:
+    """Bytes per resident cached block: pool structures only, and with the hash ints.
+
+    The first figure builds the hashes before tracing starts (callers own them; the pool
+    only references them); the second creates them while tracing, as if the pool were
+    the only one keeping them alive.
+    """
+    hashes = [random.getrandbits(64) for _ in range(capacity)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    pool = BlockPool(capacity)
+    outcome = pool.reserve([], capacity)
+    assert outcome is not None
+    for block_hash in hashes:
+        pool.allocate_cached(outcome.reservation, block_hash)
+    pool.cancel(outcome.reservation)
+    structures = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    del pool, outcome
+
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    pool = BlockPool(capacity)
+    outcome = pool.reserve([], capacity)
+    assert outcome is not None
+    for _ in range(capacity):
+        pool.allocate_cached(outcome.reservation, random.getrandbits(64) | 1 << 63)
+    pool.cancel(outcome.reservation)
+    with_hashes = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return structures / capacity, with_hashes / capacity
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller runs (a smoke test)")
+    args = parser.parse_args()
+    requests = 4_000 if args.quick else 40_000
+    repeats = 1 if args.quick else 3
+    capacities = [1_000, 10_000, 100_000, 1_000_000]
+
+    print(f"kvpool BlockPool benchmark (Python {sys.version.split()[0]}), {requests} requests")
+    print(f"{'capacity':>10} {'ns/call':>8} {'Mblock-ops/s':>13} {'evicting':>9} {'failed':>7}")
+    per_call: dict[int, float] = {}
+    for capacity in capacities:
+        result = measure_calls(capacity, requests, repeats)
+        ns = result.seconds / result.calls * 1e9
+        per_call[capacity] = ns
+        print(
+            f"{capacity:>10,} {ns:>8.0f} {result.block_ops / result.seconds / 1e6:>13.2f}"
+            f" {result.evicting_reserves / result.reserves:>9.0%}"
+            f" {result.failed_reserves / result.reserves:>7.1%}"
+        )
+    ratio = per_call[capacities[-1]] / per_call[capacities[0]]
+    mean_ns = sum(per_call.values()) / len(per_call)
+    print(f"mean ns per pool call over all capacities: {mean_ns:.0f} (target <= 300)")
+    print(f"per-call cost, capacity 1,000,000 vs 1,000: {ratio:.2f}x (target <= 1.3x)")
+
+    memory_capacity = 100_000 if args.quick else 1_000_000
+    structures, with_hashes = measure_memory(memory_capacity)
+    print(
+        f"memory per resident cached block at capacity {memory_capacity:,}: "
+        f"{structures:.0f} B pool structures (target <= 150), "
+        f"{with_hashes:.0f} B counting u64 hash ints only the pool keeps alive"
+    )
+
+
+if __name__ == "__main__":
+    main()
