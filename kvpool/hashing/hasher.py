@@ -1,0 +1,96 @@
+"""Incremental per-request hashing: feed tokens as they arrive, get each newly full block.
+
+A request's prompt is hashed once and each decode step adds a token or a few; re-hashing
+the whole sequence every step would be quadratic. `BlockHasher` keeps the unfinished tail
+and the last sequence hash, so each token is packed and hashed exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpool.hashing.block_hash import (
+    check_block_size,
+    check_parent,
+    hash_packed_blocks,
+    pack_tokens,
+)
+
+
+class BlockHasher:
+    """Sequence hashes of a growing token sequence, one per full block, in order.
+
+    Invariant: ``num_tokens == len(hashes) * block_size + len(tail)`` and ``hashes``
+    equals ``block_hashes(all tokens so far, block_size, parent)``.
+    """
+
+    __slots__ = ("_block_size", "_hashes", "_last", "_num_tokens", "_parent", "_tail")
+
+    def __init__(self, block_size: int, parent: int | None = None) -> None:
+        """Start an empty sequence; ``parent`` chains it after an existing block's hash.
+
+        Raises `InvalidArgumentError` for a bad ``block_size``, `InvalidHashError` for a
+        bad ``parent``.
+        """
+        check_block_size(block_size)
+        check_parent(parent)
+        self._block_size = block_size
+        self._parent = parent
+        self._last = parent  # sequence hash of the last full block (or the parent)
+        self._hashes: list[int] = []
+        self._tail = bytearray()  # LE-u32 bytes of the tokens after the last full block
+        self._num_tokens = 0
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self._block_size
+
+    @property
+    def parent(self) -> int | None:
+        """The sequence hash this sequence is chained after (None at the start)."""
+        return self._parent
+
+    @property
+    def hashes(self) -> list[int]:
+        """Sequence hashes of every full block so far (the hasher's own list: read only)."""
+        return self._hashes
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens fed so far, including the partial tail."""
+        return self._num_tokens
+
+    @property
+    def tail_len(self) -> int:
+        """Tokens after the last full block (always ``< block_size``)."""
+        return len(self._tail) // 4
+
+    def extend(self, tokens: Sequence[int]) -> list[int]:
+        """Feed ``tokens``; return the sequence hashes of the blocks they complete.
+
+        Raises `InvalidArgumentError` if a token is not an int in ``[0, 2**32)``; the
+        hasher is then unchanged.
+        """
+        packed = pack_tokens(tokens)  # validates every token before anything changes
+        self._num_tokens += len(packed) // 4
+        stride = self._block_size * 4
+        if len(self._tail) + len(packed) < stride:
+            self._tail += packed
+            return []
+        data = self._tail + packed if self._tail else packed
+        full = len(data) - len(data) % stride
+        new = hash_packed_blocks(memoryview(data)[:full], self._block_size, self._last)
+        self._tail = bytearray(data[full:])
+        self._last = new[-1]
+        self._hashes.extend(new)
+        return new
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockHasher(block_size={self._block_size}, num_tokens={self._num_tokens}, "
+            f"blocks={len(self._hashes)})"
+        )
+
+
+__all__ = ["BlockHasher"]

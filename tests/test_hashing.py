@@ -1,0 +1,191 @@
+"""Token-block hashing: Dynamo's golden values and an independent xxhash derivation."""
+
+from __future__ import annotations
+
+import struct
+from itertools import pairwise
+
+import pytest
+import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvpool.errors import InvalidArgumentError, InvalidHashError
+from kvpool.hashing import (
+    BLOCK_HASH_SEED,
+    BlockHasher,
+    block_hashes,
+    local_block_hash,
+    local_block_hashes,
+    sequence_hash,
+)
+from kvpool.hashing import block_hash as block_hash_module
+
+# Dynamo's compute_block_hash_for_seq on tokens 0..31, block size 16 (see NOTES.md).
+DYNAMO_GOLDEN_LOCAL = [15310707395893867146, 15292316782987903195]
+
+U32_MAX = 2**32 - 1
+tokens_st = st.lists(st.integers(0, U32_MAX), max_size=80)
+
+
+def reference_local(block: list[int]) -> int:
+    """Local hash straight from xxhash: tokens as little-endian u32, seed 1337."""
+    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(block)}I", *block), seed=1337)
+
+
+def reference_chain(tokens: list[int], block_size: int, parent: int | None = None) -> list[int]:
+    """Sequence hashes the long way: hash each block, then chain le_u64(parent)||le_u64(local)."""
+    out = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        local = reference_local(tokens[start : start + block_size])
+        if parent is None:
+            parent = local
+        else:
+            parent = xxhash.xxh3_64_intdigest(struct.pack("<QQ", parent, local), seed=1337)
+        out.append(parent)
+    return out
+
+
+def test_seed_is_dynamos() -> None:
+    assert BLOCK_HASH_SEED == 1337
+
+
+def test_local_hashes_match_dynamo_golden_values() -> None:
+    assert local_block_hashes(list(range(32)), 16) == DYNAMO_GOLDEN_LOCAL
+    assert [local_block_hash(range(0, 16)), local_block_hash(range(16, 32))] == (
+        DYNAMO_GOLDEN_LOCAL
+    )
+
+
+def test_first_block_sequence_hash_is_its_local_hash() -> None:
+    assert block_hashes(list(range(32)), 16)[0] == DYNAMO_GOLDEN_LOCAL[0]
+    assert sequence_hash(None, DYNAMO_GOLDEN_LOCAL[0]) == DYNAMO_GOLDEN_LOCAL[0]
+
+
+def test_second_block_chains_parent_and_local_as_le_u64_pair() -> None:
+    l0, l1 = DYNAMO_GOLDEN_LOCAL
+    expected = xxhash.xxh3_64_intdigest(
+        l0.to_bytes(8, "little") + l1.to_bytes(8, "little"), seed=1337
+    )
+    assert block_hashes(list(range(32)), 16) == [l0, expected]
+    assert sequence_hash(l0, l1) == expected
+    assert expected != l1  # the chain really changes the name of a non-first block
+
+
+def test_same_block_after_different_prefixes_gets_different_names() -> None:
+    a = block_hashes([1] * 4 + [7] * 4, 4)
+    b = block_hashes([2] * 4 + [7] * 4, 4)
+    assert local_block_hash([7] * 4) == local_block_hashes([1] * 4 + [7] * 4, 4)[1]
+    assert a[1] != b[1]
+
+
+@given(tokens=tokens_st, block_size=st.integers(1, 17))
+def test_block_hashes_equal_the_independent_derivation(tokens: list[int], block_size: int) -> None:
+    assert block_hashes(tokens, block_size) == reference_chain(tokens, block_size)
+
+
+@given(tokens=tokens_st, block_size=st.integers(1, 9), parent=st.integers(0, 2**64 - 1))
+def test_parent_continues_a_chain(tokens: list[int], block_size: int, parent: int) -> None:
+    assert block_hashes(tokens, block_size, parent) == reference_chain(tokens, block_size, parent)
+
+
+def test_splitting_at_a_block_boundary_with_parent_equals_the_whole() -> None:
+    tokens = list(range(100, 164))
+    whole = block_hashes(tokens, 16)
+    assert block_hashes(tokens[32:], 16, parent=whole[1]) == whole[2:]
+
+
+def test_only_full_blocks_are_hashed() -> None:
+    assert block_hashes(list(range(47)), 16) == block_hashes(list(range(32)), 16)
+    assert len(block_hashes(list(range(48)), 16)) == 3
+    assert block_hashes(list(range(15)), 16) == []
+    assert block_hashes([], 16) == []
+    assert local_block_hashes(list(range(31)), 16) == DYNAMO_GOLDEN_LOCAL[:1]
+
+
+def test_extreme_token_values_pack_as_u32() -> None:
+    block = [0, U32_MAX, 1, 2**31]
+    assert local_block_hash(block) == reference_local(block)
+
+
+def test_bytes_input_means_token_ids_not_raw_bytes() -> None:
+    assert block_hashes(bytes(range(8)), 4) == block_hashes(list(range(8)), 4)
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**32], [1.0], ["1"], [None], "abcd"])
+def test_bad_tokens_raise_invalid_argument(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        block_hashes(bad, 1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        local_block_hash(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.0, True, None])
+def test_bad_block_size_raises_invalid_argument(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        block_hashes([1, 2], bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        local_block_hashes([1, 2], bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        BlockHasher(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, 1.5, "0", True])
+def test_bad_hashes_raise_invalid_hash(bad: object) -> None:
+    with pytest.raises(InvalidHashError):
+        block_hashes([1, 2], 1, parent=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidHashError):
+        sequence_hash(bad, 1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidHashError):
+        sequence_hash(1, bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidHashError):
+        BlockHasher(4, parent=bad)  # type: ignore[arg-type]
+
+
+def test_big_endian_hosts_byteswap_to_little_endian(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = block_hash_module.pack_tokens([1, 2])
+    monkeypatch.setattr(block_hash_module, "_SWAP", True)
+    # On this (little-endian) host the swap path must produce the opposite byte order.
+    assert block_hash_module.pack_tokens([1, 2]) == struct.pack(">2I", 1, 2)
+    assert native == struct.pack("<2I", 1, 2)
+
+
+@given(
+    tokens=tokens_st,
+    block_size=st.integers(1, 9),
+    cuts=st.lists(st.integers(0, 80), max_size=6),
+    parent=st.none() | st.integers(0, 2**64 - 1),
+)
+def test_block_hasher_equals_hashing_everything_at_once(
+    tokens: list[int], block_size: int, cuts: list[int], parent: int | None
+) -> None:
+    hasher = BlockHasher(block_size, parent=parent)
+    bounds = [0, *sorted(c for c in cuts if c <= len(tokens)), len(tokens)]
+    seen: list[int] = []
+    for lo, hi in pairwise(bounds):
+        new = hasher.extend(tokens[lo:hi])
+        assert new == hasher.hashes[len(seen) :]  # exactly the blocks these tokens completed
+        seen += new
+        assert hasher.num_tokens == hi
+        assert hasher.tail_len == hi % block_size
+    assert hasher.hashes == seen == block_hashes(tokens, block_size, parent)
+
+
+def test_block_hasher_one_token_at_a_time() -> None:
+    hasher = BlockHasher(16)
+    completed = [hasher.extend([t]) for t in range(32)]
+    assert completed[15] == [DYNAMO_GOLDEN_LOCAL[0]]
+    assert completed[31] == block_hashes(list(range(32)), 16)[1:]
+    assert all(c == [] for i, c in enumerate(completed) if i not in (15, 31))
+    assert hasher.block_size == 16
+    assert hasher.parent is None
+
+
+def test_block_hasher_bad_token_changes_nothing() -> None:
+    hasher = BlockHasher(4)
+    hasher.extend([1, 2, 3, 4, 5])
+    before = (list(hasher.hashes), hasher.num_tokens, hasher.tail_len)
+    with pytest.raises(InvalidArgumentError):
+        hasher.extend([6, 7, -1, 8])
+    assert (list(hasher.hashes), hasher.num_tokens, hasher.tail_len) == before
+    assert hasher.extend([6, 7, 8]) == block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)[1:]
