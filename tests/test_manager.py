@@ -10,6 +10,7 @@ from kvpool.errors import (
     CapacityError,
     DuplicateRequestError,
     InvalidArgumentError,
+    InvariantViolation,
     PoolError,
     TokenCountError,
     UnknownRequestError,
@@ -47,7 +48,7 @@ def evict_order(manager: KvManager) -> list[int]:
 
 def snapshot(manager: KvManager) -> tuple[object, ...]:
     pool = manager.pool
-    pool.check_invariants()
+    manager.check_invariants()
     tables = {
         rid: (
             manager.block_table(rid),
@@ -483,3 +484,12 @@ def test_take_batch_drains_in_order_and_is_none_when_empty() -> None:
     assert [type(e) for e in batch.events] == [BlockStored, BlockRemoved, BlockStored]
     assert manager.num_pending_events == 0
     assert manager.take_batch(3.0) is None
+
+
+def test_check_invariants_catches_a_stale_watermark() -> None:
+    manager = make()
+    run(manager, "a", list(range(10)))
+    manager.check_invariants()
+    manager._requests["a"].visible = 1  # corrupt on purpose: blocks 0 and 1 are visible
+    with pytest.raises(InvariantViolation, match="watermark"):
+        manager.check_invariants()

@@ -163,7 +163,9 @@ class Workload:
         pool = self.manager.pool
         resident = {h for h in self.universe if pool.prefix_hit(h) is not None}
         assert set(self.view.parents) == resident
-        pool.check_invariants()
+        self.manager.check_invariants()
+        # The manager is the pool's only user: its tables hold every reference.
+        assert pool.num_active_refs() == sum(self.manager.num_blocks(r) for r in self.manager)
 
 
 def _total(stats: list[ManagerStats]) -> tuple[int, int, int]:

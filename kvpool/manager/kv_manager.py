@@ -30,6 +30,7 @@ from kvpool.errors import (
     CapacityError,
     DuplicateRequestError,
     InvalidArgumentError,
+    InvariantViolation,
     TokenCountError,
     UnknownRequestError,
 )
@@ -179,10 +180,11 @@ class KvManager:
         if state.table:
             return PrefillCost(0, 0, max(0, needed - len(state.table)))
         hit = self._pool.prefix_hit
-        active = 0
         prefix = self._prefix_of(state)
+        active = 0
         for block_hash in prefix:
-            if hit(block_hash).is_active:  # type: ignore[union-attr]
+            found = hit(block_hash)
+            if found is not None and found.is_active:
                 active += 1
         return PrefillCost(len(prefix), active, max(0, needed - len(prefix)))
 
@@ -311,6 +313,47 @@ class KvManager:
             preemptions=self._preemptions,
         )
 
+    def check_invariants(self) -> None:
+        """Re-derive the request-level invariants and the pool's own; raise
+        `InvariantViolation` on any breach (a bug, never a caller's mistake).
+
+        Per request: the computed count fits its tokens and blocks; with prefix caching,
+        the watermark is ``computed // block_size`` and every visible block's hash is
+        resident. Overall: the tables hold no more references than the pool
+        counts (other users of the pool may hold more).
+        """
+        self._pool.check_invariants()
+        bs = self._block_size
+        hit = self._pool.prefix_hit
+        total = 0
+        for request_id, state in self._requests.items():
+            total += len(state.table)
+            where = f"request {request_id!r}"
+            _require(len(set(state.table)) == len(state.table), f"{where} repeats a block")
+            _require(
+                state.computed <= min(len(state.tokens), len(state.table) * bs),
+                f"{where} computed more tokens than it has or holds slots for",
+            )
+            if not self._caching:
+                _require(state.visible == 0, f"{where} has visible blocks without caching")
+                continue
+            _require(state.visible == state.computed // bs, f"{where} watermark is stale")
+            _require(
+                len(state.hashes) == len(state.tokens) // bs,
+                f"{where} hashes do not match its full blocks",
+            )
+            # Resident, but not necessarily active: prefix_hit reports the hash's first
+            # copy, which may be an idle duplicate of the copy this request holds.
+            for block_hash in state.hashes[: state.visible]:
+                _require(
+                    hit(block_hash) is not None,
+                    f"{where} visible block {block_hash} is not resident",
+                )
+        _require(
+            total <= self._pool.num_active_refs(),
+            "the block tables hold more references than the pool counts",
+        )
+
     # ----------------------------------------------------------------- events
 
     @property
@@ -392,3 +435,8 @@ class KvManager:
         for block_id in reversed(state.table):
             release(block_id)
         state.reset()
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvariantViolation(message)
