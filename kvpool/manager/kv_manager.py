@@ -422,7 +422,7 @@ class KvManager:
             BlockStored(
                 block_hashes=hashes[start:stop],
                 parent_block_hash=hashes[start - 1] if start else None,
-                token_ids=state.tokens[start * bs : stop * bs],
+                token_ids=state.tokens[start * bs : stop * bs].tolist(),
                 block_size=bs,
                 lora_id=None,
                 medium=self._medium,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from array import array
+
 from kvpool.hashing import BlockHasher
+from kvpool.manager.validation import TOKEN_TYPECODE
 from kvpool.pool import BlockId
 
 
@@ -21,7 +24,7 @@ class RequestState:
     __slots__ = ("computed", "hasher", "table", "tokens", "visible")
 
     def __init__(self, hasher: BlockHasher | None) -> None:
-        self.tokens: list[int] = []
+        self.tokens: array[int] = array(TOKEN_TYPECODE)  # u32: 4 bytes a token
         self.hasher = hasher
         self.table: list[BlockId] = []
         self.computed = 0
@@ -32,7 +35,7 @@ class RequestState:
         """Sequence hashes of every full block of ``tokens`` (empty when not hashing)."""
         return self.hasher.hashes if self.hasher is not None else []
 
-    def extend(self, tokens: list[int]) -> None:
+    def extend(self, tokens: array[int]) -> None:
         """Append already-validated tokens and hash the blocks they complete."""
         self.tokens.extend(tokens)
         if self.hasher is not None:

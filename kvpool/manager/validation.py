@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import NoReturn
 
 from kvpool.errors import InvalidArgumentError
 
-MAX_TOKEN_ID = (1 << 32) - 1
-"""Token ids are hashed as little-endian u32, so they must fit in one."""
+TOKEN_TYPECODE = next(code for code in ("I", "L") if array(code).itemsize == 4)
+"""The array typecode of a ``u32``: token ids are hashed as little-endian u32."""
 
 
 def check_request_id(request_id: object) -> str:
@@ -18,16 +19,17 @@ def check_request_id(request_id: object) -> str:
     return request_id
 
 
-def check_tokens(token_ids: Sequence[int]) -> list[int]:
-    """Copy ``token_ids`` into a list, raising `InvalidArgumentError` unless each is a u32."""
-    if isinstance(token_ids, str | bytes | bytearray) or not isinstance(token_ids, Sequence):
-        _bad_tokens(token_ids)
-    tokens = list(token_ids)
-    if tokens and (
-        not all(type(t) is int for t in tokens) or min(tokens) < 0 or max(tokens) > MAX_TOKEN_ID
+def check_tokens(token_ids: Sequence[int]) -> array[int]:
+    """Copy ``token_ids`` into a ``u32`` array, raising `InvalidArgumentError` unless each
+    is an int in ``[0, 2**32)``. The C-level conversion checks every token at once."""
+    if isinstance(token_ids, str | bytes | bytearray | memoryview) or not isinstance(
+        token_ids, Sequence
     ):
-        _bad_tokens(tokens)
-    return tokens
+        _bad_tokens(token_ids)
+    try:
+        return array(TOKEN_TYPECODE, token_ids)
+    except (OverflowError, TypeError):
+        _bad_tokens(token_ids)
 
 
 def check_count(value: object, name: str) -> int:
