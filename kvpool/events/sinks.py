@@ -118,9 +118,7 @@ class EventStream:
             if not stats.open_receive_streams:
                 sender.close()
                 continue
-            if not stats.tasks_waiting_receive and stats.current_buffer_used >= (
-                stats.max_buffer_size
-            ):
+            if stats.current_buffer_used >= stats.max_buffer_size:
                 raise anyio.WouldBlock
             live.append(sender)
         self._senders = live
