@@ -493,3 +493,70 @@ def test_check_invariants_catches_a_stale_watermark() -> None:
     manager._requests["a"].visible = 1  # corrupt on purpose: blocks 0 and 1 are visible
     with pytest.raises(InvariantViolation, match="watermark"):
         manager.check_invariants()
+
+
+# ------------------------------------------------------------------- undo
+
+
+def test_undoing_a_first_allocation_restores_the_request_and_idles_its_prefix() -> None:
+    manager = make()
+    shared = list(range(8))
+    run(manager, "a", [*shared, 1])
+    manager.free("a")
+    manager.take_events()
+    manager.add_request("b", [*shared, 5, 5, 5])
+    before = snapshot(manager)
+    allocation = manager.allocate("b", 11)
+    assert allocation is not None
+    assert allocation.cached_blocks == 2
+    assert manager.undo_allocation("b", allocation)
+    after = snapshot(manager)
+    # Same tables, capacity and LRU size; only the query counters moved.
+    assert after[:5] == before[:5]
+    assert manager.num_computed_tokens("b") == 0
+    # The prefix went back leaf first: the leaf is still evicted before its parent.
+    assert evict_order(manager) == block_hashes(shared, BS)[::-1]
+
+
+def test_undoing_a_growth_clips_the_computed_count_and_keeps_stored_blocks_resident() -> None:
+    manager = make()
+    tokens = list(range(12))
+    h = block_hashes(tokens, BS)
+    manager.add_request("a", tokens)
+    first = manager.allocate("a", 4)
+    growth = manager.allocate("a", 12)
+    assert first is not None
+    assert growth is not None
+    manager.mark_computed("a", 12)  # blocks 1 and 2 of the growth became visible
+    manager.take_events()
+    assert manager.undo_allocation("a", growth)
+    assert manager.block_table("a") == first.block_ids
+    assert manager.num_computed_tokens("a") == 4
+    assert manager.pool.prefix_hit(h[2]) == manager.pool.prefix_hit(h[1])
+    assert manager.pool.prefix_hit(h[1]) is not None
+    assert manager.pool.num_inactive() == 2
+    assert manager.take_events() == []
+    manager.check_invariants()
+    manager.mark_computed("a", 4)
+
+
+def test_undo_is_a_no_op_once_the_blocks_went_back() -> None:
+    manager = make()
+    manager.add_request("a", list(range(8)))
+    allocation = manager.allocate("a", 8)
+    assert allocation is not None
+    manager.preempt("a")
+    before = snapshot(manager)
+    assert not manager.undo_allocation("a", allocation)
+    manager.free("a")
+    assert not manager.undo_allocation("a", allocation)
+    assert manager.undo_allocation("a", Allocation([], 0, []))
+    assert snapshot(manager)[:3] == before[:3]
+
+
+def test_undo_rejects_a_bad_allocation() -> None:
+    manager = make()
+    with pytest.raises(InvalidArgumentError):
+        manager.undo_allocation("a", [1, 2])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        manager.undo_allocation(3, Allocation([], 0, []))  # type: ignore[arg-type]

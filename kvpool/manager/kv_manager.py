@@ -243,6 +243,42 @@ class KvManager:
         table.extend(new_ids)
         return Allocation(new_ids, len(prefix), list(removed))
 
+    def undo_allocation(self, request_id: str, allocation: Allocation) -> bool:
+        """Give back what `allocate` added, leaf first: the hook for a caller that never
+        saw the allocation (the actor's cancellation contract).
+
+        When the request's table still ends with ``allocation.block_ids``, those blocks
+        are released leaf first and dropped from the table, and the computed count is
+        clipped to the slots left (an undone first allocation leaves the request as if
+        never allocated: computed 0, next allocation first again). Returns True then,
+        and also for an empty allocation. Returns False, changing nothing, when there is
+        nothing left to undo: the request was freed or preempted since (its blocks are
+        already back) or its table no longer ends with those blocks.
+
+        What is *not* undone: evictions (the evicted hashes are gone; their BlockRemoved
+        event stays queued and counted), the prefix-cache query counters, Stored events
+        of blocks made visible since (those copies stay resident, now idle in the LRU),
+        and the LRU position of a reused prefix (it re-enters at the tail, leaf first).
+        Raises `InvalidArgumentError` for a bad request id or allocation.
+        """
+        check_request_id(request_id)
+        if type(allocation) is not Allocation:
+            raise InvalidArgumentError(f"expected an Allocation, got {allocation!r}")
+        state = self._requests.get(request_id)
+        ids = allocation.block_ids
+        if not ids:
+            return True
+        if state is None or len(state.table) < len(ids) or state.table[-len(ids) :] != ids:
+            return False
+        release = self._pool.release
+        for block_id in reversed(ids):
+            release(block_id)
+        del state.table[-len(ids) :]
+        state.computed = min(state.computed, len(state.table) * self._block_size)
+        if self._caching:
+            state.visible = state.computed // self._block_size
+        return True
+
     def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """Record the scheduler's computed-token count and publish the full blocks it covers.
 
