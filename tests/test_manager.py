@@ -560,3 +560,15 @@ def test_undo_rejects_a_bad_allocation() -> None:
         manager.undo_allocation("a", [1, 2])  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
         manager.undo_allocation(3, Allocation([], 0, []))  # type: ignore[arg-type]
+
+
+def test_restored_events_come_back_ahead_of_newer_ones() -> None:
+    manager = make(capacity=3)
+    run(manager, "a", list(range(12)))
+    manager.free("a")
+    taken = manager.take_events()
+    run(manager, "b", [5] * 8)
+    newer = manager.take_events()
+    manager.restore_events(newer)
+    manager.restore_events(taken)
+    assert manager.take_events() == taken + newer

@@ -403,6 +403,12 @@ class KvManager:
         self._events = []
         return events
 
+    def restore_events(self, events: Sequence[KVEvent]) -> None:
+        """Put back events taken by `take_events` that their taker never got, ahead of
+        any queued since, so the stream's order is as if they were never taken."""
+        if events:
+            self._events[:0] = events
+
     def take_batch(self, ts: float, data_parallel_rank: int | None = None) -> KVEventBatch | None:
         """Drain the queued events into one `KVEventBatch`, or None if there are none."""
         if not self._events:

@@ -1,0 +1,144 @@
+"""The manager's actor protocol: one tagged msgspec Struct per request and reply kind.
+
+Wire-ready like the pool's (`kvpool.messages`): requests name a request by its id and
+carry plain ints and token lists, replies carry the manager's value types, and every
+kind round-trips through `encode` / `decode`. Tags are distinct from the pool
+protocol's, so both can share one mailbox (and one wire union).
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import msgspec
+
+from kvpool.events import KVEvent
+from kvpool.manager.types import Allocation, ManagerStats, PrefillCost
+from kvpool.messages import DoneReply, ErrorReply
+
+
+class AddRequest(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.add_request``: register ``request_id`` with its prompt."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+
+
+class AppendTokens(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.append_tokens``: decoded tokens join the request."""
+
+    request_id: str
+    token_ids: list[int]
+
+
+class GetPrefillCost(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.prefill_cost`` of ``request_id``."""
+
+    request_id: str
+
+
+class AllocateSlots(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.allocate``: grow the table to hold ``num_tokens`` tokens.
+
+    With ``wait`` a request that does not fit yet joins the actor's FIFO of waiters and
+    is granted once capacity allows, instead of getting None.
+    """
+
+    request_id: str
+    num_tokens: int
+    wait: bool = False
+
+
+class MarkComputed(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.mark_computed``: the scheduler's computed-token count."""
+
+    request_id: str
+    num_computed_tokens: int
+
+
+class FreeRequest(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.free``: completion; release leaf first and forget the request."""
+
+    request_id: str
+
+
+class PreemptRequest(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.preempt``: release leaf first and keep the request's tokens."""
+
+    request_id: str
+
+
+class TakeEvents(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.take_events``: drain the queued KV events, oldest first."""
+
+
+class GetManagerStats(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.stats`` plus the pool's occupancy."""
+
+
+class CheckManager(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.check_invariants`` (the pool's too); a breach crashes the actor."""
+
+
+ManagerRequest: TypeAlias = (
+    AllocateSlots
+    | MarkComputed
+    | AppendTokens
+    | AddRequest
+    | FreeRequest
+    | PreemptRequest
+    | GetPrefillCost
+    | TakeEvents
+    | GetManagerStats
+    | CheckManager
+)
+"""Every request the manager extension handles."""
+
+
+class AllocationReply(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """The answer to `AllocateSlots`: None when it did not fit (and would not wait)."""
+
+    allocation: Allocation | None
+
+
+class PrefillCostReply(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """The answer to `GetPrefillCost`."""
+
+    cost: PrefillCost
+
+
+class EventsReply(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """The answer to `TakeEvents`: the drained events, oldest first."""
+
+    events: list[KVEvent]
+
+
+class ManagerStatsReply(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """The answer to `GetManagerStats`: the manager's counters and the pool's occupancy."""
+
+    stats: ManagerStats
+    num_active: int
+    num_inactive: int
+    capacity: int
+
+
+ManagerReply: TypeAlias = (
+    AllocationReply | PrefillCostReply | EventsReply | ManagerStatsReply | DoneReply | ErrorReply
+)
+"""Every reply the manager extension sends (`DoneReply` for calls without a result)."""
+
+ManagerMessage: TypeAlias = ManagerRequest | ManagerReply
+"""Any message of the manager protocol."""
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(ManagerMessage)
+
+
+def encode(message: ManagerMessage) -> bytes:
+    """Serialize ``message`` to msgpack (its tag names its kind)."""
+    return _encoder.encode(message)
+
+
+def decode(data: bytes) -> ManagerMessage:
+    """Parse msgpack produced by `encode`; raises ``msgspec.ValidationError`` if malformed."""
+    return _decoder.decode(data)
