@@ -1,6 +1,12 @@
 """The synchronous, I/O-free core: vLLM's GPU KV-cache block pool (no asyncio, no anyio)."""
 
-from kvpool.pool.block_pool import BlockPool
+from typing import TYPE_CHECKING
+
 from kvpool.pool.types import MAX_HASH, BlockId, PrefixHit, Reservation, ReserveOutcome
+
+if TYPE_CHECKING:
+    from kvpool.pool._api import BlockPool
+else:
+    from kvpool.pool.block_pool import BlockPool
 
 __all__ = ["MAX_HASH", "BlockId", "BlockPool", "PrefixHit", "Reservation", "ReserveOutcome"]

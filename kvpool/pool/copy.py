@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-import msgspec
+from typing import Final
 
-PIN = 1 << 32
+PIN: Final = 1 << 32
 """``holds`` packs a copy's pins above its references: ``holds = refs + pins * PIN``."""
 
-REF_MASK = PIN - 1
+REF_MASK: Final = PIN - 1
 
 
-class Copy(msgspec.Struct, eq=False, gc=False):
+class Copy:
     """A physical copy: private (``hash is None``) or cached (findable by ``hash``).
 
     ``holds`` counts request references in its low 32 bits and unactivated reservation
     pins above them; a private copy holds exactly one reference. A cached copy is linked
     into the inactive LRU (``prev``/``next`` not None) if and only if ``holds == 0``,
     that is, both its refs and its pins are zero: one word keeps that test one compare.
-
-    ``gc=False`` keeps the record at 56 bytes and out of the cyclic collector; the LRU
-    links do form cycles, so the pool breaks them itself when it is dropped.
     """
 
-    id: int
-    hash: int | None
-    holds: int
-    prev: Copy | None = None
-    next: Copy | None = None
+    __slots__ = ("hash", "holds", "id", "next", "prev")
+
+    def __init__(self, id: int, hash: int | None, holds: int) -> None:
+        self.id = id
+        self.hash = hash
+        self.holds = holds
+        self.prev: Copy | None = None
+        self.next: Copy | None = None
 
     @property
     def refs(self) -> int:
@@ -37,3 +37,6 @@ class Copy(msgspec.Struct, eq=False, gc=False):
     def pins(self) -> int:
         """Unactivated reservations pinning this copy."""
         return self.holds >> 32
+
+    def __repr__(self) -> str:
+        return f"Copy(id={self.id}, hash={self.hash}, refs={self.refs}, pins={self.pins})"

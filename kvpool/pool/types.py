@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NewType
+from typing import TYPE_CHECKING, Final, NewType
 
 import msgspec
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 BlockId = NewType("BlockId", int)
 """An opaque, never-reused name of one physical copy: its slot plus a process-wide serial."""
 
-MAX_HASH = (1 << 64) - 1
+MAX_HASH: Final = (1 << 64) - 1
 """Block hashes are u64 (``SequenceHash`` in the reference)."""
 
 
@@ -23,22 +23,25 @@ class PrefixHit(msgspec.Struct, frozen=True, gc=False):
     is_active: bool
 
 
-ACTIVE_HIT = PrefixHit(True)
-INACTIVE_HIT = PrefixHit(False)
+ACTIVE_HIT: Final = PrefixHit(True)
+INACTIVE_HIT: Final = PrefixHit(False)
 
 
-class Reservation(msgspec.Struct, eq=False, gc=False):
+class Reservation:
     """Capacity and cached-prefix pins held before a caller commits ownership.
 
-    Only its pool reads or changes the fields; callers use ``len()``, ``fresh`` and
-    ``prefix_len``. ``prefix`` holds the pinned copies root first; ``cancel`` unpins them
-    leaf first and closes the reservation for good.
+    Only its pool reads or changes the fields; callers use ``len()``, ``fresh``,
+    ``prefix_len`` and ``closed``. The prefix holds the pinned copies root first;
+    ``cancel`` unpins them leaf first and closes the reservation for good.
     """
 
-    _pool: BlockPool
-    _prefix: list[Copy]
-    _fresh: int
-    _closed: bool = False
+    __slots__ = ("_closed", "_fresh", "_pool", "_prefix")
+
+    def __init__(self, pool: BlockPool, prefix: list[Copy], fresh: int) -> None:
+        self._pool = pool
+        self._prefix = prefix
+        self._fresh = fresh
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._prefix) + self._fresh
@@ -63,8 +66,14 @@ class Reservation(msgspec.Struct, eq=False, gc=False):
         return f"Reservation({state})"
 
 
-class ReserveOutcome(msgspec.Struct, frozen=True, gc=False):
+class ReserveOutcome:
     """A successful reserve: the reservation, and hashes whose last copy was evicted."""
 
-    reservation: Reservation
-    removed: list[int]
+    __slots__ = ("removed", "reservation")
+
+    def __init__(self, reservation: Reservation, removed: list[int]) -> None:
+        self.reservation = reservation
+        self.removed = removed
+
+    def __repr__(self) -> str:
+        return f"ReserveOutcome(reservation={self.reservation!r}, removed={self.removed!r})"
