@@ -11,7 +11,11 @@ _decoder = msgspec.msgpack.Decoder(KVEventBatch)
 
 
 def encode_batch(batch: KVEventBatch) -> bytes:
-    """Return ``batch`` as msgpack bytes, byte-identical to vLLM's ``KVEventBatch``."""
+    """Return ``batch`` as msgpack bytes, byte-identical to vLLM's ``KVEventBatch``.
+
+    Raises ``TypeError`` for a value msgpack cannot encode, ``OverflowError`` for an int
+    outside ``[-2**63, 2**64)``.
+    """
     return _encoder.encode(batch)
 
 

@@ -207,8 +207,9 @@ class ZmqEventPublisher:
 
         Never blocks (a subscriber past the high-water mark loses frames, as with any
         PUB socket; replay recovers them). Raises ``anyio.ClosedResourceError`` after
-        `close`, ``msgspec.EncodeError`` if the batch cannot be encoded, ``zmq.ZMQError``
-        if the send fails; on any error the sequence number is not consumed.
+        `close`; the encoder's ``TypeError`` or ``OverflowError`` for a value msgpack
+        cannot hold (an int beyond 64 bits); ``zmq.ZMQError`` if the send fails. On any
+        error nothing is sent and the sequence number is not consumed.
         """
         if batch.data_parallel_rank is None:
             batch = msgspec.structs.replace(batch, data_parallel_rank=self._rank)
