@@ -13,24 +13,31 @@ from typing import NamedTuple
 
 _TOKEN_MASK = (1 << 32) - 1
 _U64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B9  # odd, so j -> j * _GOLDEN is a bijection modulo 2**32
 
 
 class Segment(NamedTuple):
-    """``length`` tokens derived from ``seed``: token ``j`` is a u32 mix of (seed, j)."""
+    """``length`` tokens derived from ``seed``: token ``j`` is ``(seed + j) mod 2**32``."""
 
     seed: int
     length: int
 
     def token(self, index: int) -> int:
         """Token id number ``index`` of the segment (no bounds check: hot path)."""
-        return (self.seed + index * _GOLDEN) & _TOKEN_MASK
+        return (self.seed + index) & _TOKEN_MASK
 
     def tokens(self, start: int = 0, stop: int | None = None) -> list[int]:
-        """Token ids ``[start, stop)`` of the segment (``stop`` defaults to its length)."""
+        """Token ids ``[start, stop)`` of the segment (``stop`` defaults to its length).
+
+        Token ``j`` is ``(seed + j) mod 2**32``: consecutive ids from a random u32, so two
+        segments share a token run only if their seeds are within a prompt's length of
+        each other, and share a whole block at the same depth of a sequence (which is
+        what the chained block hashes compare) practically never.
+        """
         seed = self.seed & _TOKEN_MASK
         end = self.length if stop is None else min(stop, self.length)
-        return [(seed + j * _GOLDEN) & _TOKEN_MASK for j in range(start, end)]
+        if seed + end <= _TOKEN_MASK:
+            return list(range(seed + start, seed + end))
+        return [(seed + j) & _TOKEN_MASK for j in range(start, end)]
 
 
 def mix_seed(*parts: int) -> int:

@@ -1,0 +1,68 @@
+"""The mock engine's knobs, named after vLLM's and the mockers' flags, and its timing model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvpool.errors import InvalidArgumentError
+
+PreemptionMode = Literal["lifo", "fifo"]
+"""Which running request is preempted when a block is short: newest (vLLM) or oldest."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimingModel:
+    """Simulated duration of one engine step; speed-of-light GPU costs, nothing more.
+
+    ``step_time = step_overhead_s + prefill_token_s * prefill_tokens
+    + decode_seq_s * decode_seqs``: a fixed launch/sampling cost per step, a cost per
+    prompt token computed (prefill chunks and recomputation after preemption), and a cost
+    per sequence decoding one token. The defaults are rough figures for an 8B model on
+    one H100: 4 ms per step, ~16k prefill tokens/s, 60 us per decoding sequence.
+    """
+
+    step_overhead_s: float = 0.004
+    prefill_token_s: float = 0.00006
+    decode_seq_s: float = 0.00006
+
+    def __post_init__(self) -> None:
+        for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not value >= 0:
+                raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int) -> float:
+        """Simulated seconds of a step computing these prefill tokens and decode sequences."""
+        return (
+            self.step_overhead_s
+            + self.prefill_token_s * prefill_tokens
+            + self.decode_seq_s * decode_seqs
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """One engine's scheduler and cache configuration (vLLM v1 names)."""
+
+    num_gpu_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption_mode: PreemptionMode = "lifo"
+    timing: TimingModel = field(default_factory=TimingModel)
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
+        if self.preemption_mode not in ("lifo", "fifo"):
+            raise InvalidArgumentError(
+                f"preemption_mode must be 'lifo' or 'fifo', got {self.preemption_mode!r}"
+            )
+        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+            if type(getattr(self, name)) is not bool:
+                raise InvalidArgumentError(f"{name} must be a bool")

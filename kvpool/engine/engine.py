@@ -1,0 +1,324 @@
+"""A vLLM v1-style mock engine: a scheduler stepping requests through one KV cache.
+
+Each `MockEngine.step` is one forward pass of the modelled GPU:
+
+1. *Running requests first*, in order, each with as many tokens as it still has to
+   compute (one while decoding), within the step's token budget
+   (``max_num_batched_tokens``). A request whose new tokens need a block that does not
+   fit preempts a victim - the newest running request (LIFO, vLLM's rule) or the oldest
+   (FIFO) - until it fits or is itself the victim. A victim's blocks are released leaf
+   first, its computed count drops to 0 and it goes back to the *front* of the waiting
+   queue; a victim already scheduled this step is unscheduled.
+2. *Then waiting requests*, first come first served, while the budget lasts, fewer than
+   ``max_num_seqs`` run, and no request was preempted this step. A request's first
+   allocation reuses its cached prefix (always leaving its last token to compute); the
+   rest of its prompt is computed in chunks (chunked prefill) or, with chunked prefill
+   off, all in one step or not at all (the queue waits). The first request whose blocks
+   do not fit stops admission for this step.
+3. *Execution*: the simulated clock advances by the `TimingModel`'s step time; each
+   scheduled request's computed count grows (the manager's visibility watermark follows
+   whenever a block fills); a request that has computed all its tokens samples one, and
+   finishes, releasing its blocks leaf first, after its last output token. The step's
+   KV events go out as one `KVEventBatch` to the sink, if any.
+
+A request that could never run - more blocks than the pool holds for its prompt plus its
+output, or, with chunked prefill off, more tokens than one step's budget - is rejected
+when submitted. Everything here is deterministic: same requests, same run.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from kvpool.engine.config import EngineConfig
+from kvpool.engine.kv_client import KvClient, KvUsage
+from kvpool.engine.metrics import EngineStats
+from kvpool.engine.request import EngineRequest
+from kvpool.errors import InvalidArgumentError
+from kvpool.events import EventSink, KVEventBatch
+from kvpool.workloads import RequestSpec
+
+
+class MockEngine:
+    """One engine (one data-parallel rank): a scheduler, a simulated clock, a KV client.
+
+    ``clock`` is simulated seconds; event batches are stamped ``epoch + clock``. The
+    engine never sleeps: pacing against the wall clock is the caller's business
+    (see `kvpool.engine.simulation`).
+    """
+
+    def __init__(
+        self,
+        kv: KvClient,
+        config: EngineConfig,
+        *,
+        rank: int = 0,
+        sink: EventSink | None = None,
+        epoch: float = 0.0,
+    ) -> None:
+        if kv.block_size != config.block_size or kv.capacity != config.num_gpu_blocks:
+            raise InvalidArgumentError(
+                f"the KV client has {kv.capacity} blocks of {kv.block_size} tokens; the "
+                f"config says {config.num_gpu_blocks} of {config.block_size}"
+            )
+        self.kv = kv
+        self.config = config
+        self.rank = rank
+        self.sink = sink
+        self.epoch = epoch
+        self.clock = 0.0
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self.stats = EngineStats()
+        self.rejected_ids: list[str] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"MockEngine(rank={self.rank}, clock={self.clock:.3f}, "
+            f"running={len(self.running)}, waiting={len(self.waiting)})"
+        )
+
+    # ---------------------------------------------------------------- intake
+
+    @property
+    def has_work(self) -> bool:
+        """True while a request is waiting or running."""
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_outstanding(self) -> int:
+        """Requests admitted and not finished (waiting plus running)."""
+        return len(self.running) + len(self.waiting)
+
+    def advance_to(self, when: float) -> None:
+        """Move an idle engine's clock forward to ``when`` (a busy clock only moves by steps)."""
+        if not self.has_work and when > self.clock:
+            self.clock = when
+
+    def rejection_reason(self, spec: RequestSpec) -> str | None:
+        """Why ``spec`` could never run on this engine, or None if it can."""
+        config = self.config
+        # The last output token is sampled, never computed: it needs no KV slot.
+        max_tokens = spec.input_length + spec.output_length - 1
+        blocks = -(-max_tokens // config.block_size)
+        if blocks > config.num_gpu_blocks:
+            return f"needs {blocks} blocks, the pool holds {config.num_gpu_blocks}"
+        if not config.enable_chunked_prefill and max_tokens > config.max_num_batched_tokens:
+            return (
+                f"needs {max_tokens} tokens in one step without chunked prefill, the "
+                f"budget is {config.max_num_batched_tokens}"
+            )
+        return None
+
+    async def submit(self, spec: RequestSpec) -> bool:
+        """Queue a request arriving now (at ``clock``); False if it was rejected.
+
+        A rejected request is counted and never reaches the KV manager. Raises what the
+        manager raises for a duplicate request id.
+        """
+        stats = self.stats
+        if self.rejection_reason(spec) is not None:
+            stats.submitted += 1
+            stats.rejected += 1
+            self.rejected_ids.append(spec.request_id)
+            return False
+        await self.kv.add_request(spec.request_id, spec.prompt_token_ids())
+        stats.submitted += 1
+        self.waiting.append(EngineRequest(spec, self.clock))
+        return True
+
+    # ------------------------------------------------------------------ steps
+
+    async def step(self) -> float:
+        """Schedule and execute one step; return its simulated duration in seconds.
+
+        Raises `RuntimeError` when there is nothing to do (see `has_work`) or when the
+        scheduler cannot make progress (a bug: rejection keeps that from happening).
+        """
+        if not self.has_work:
+            raise RuntimeError("step() of an idle engine")
+        scheduled = await self._schedule()
+        if not scheduled:
+            raise RuntimeError(f"the scheduler made no progress: {self!r}")
+        return await self._execute(scheduled)
+
+    async def run_until_idle(self) -> None:
+        """Step until every submitted request has finished."""
+        while self.has_work:
+            await self.step()
+
+    async def final_usage(self) -> KvUsage:
+        """Check the pool's invariants and return its occupancy (0 active when idle)."""
+        await self.kv.check_invariants()
+        return await self.kv.usage()
+
+    async def _schedule(self) -> dict[EngineRequest, int]:
+        """Pick this step's requests and token counts, allocating and preempting."""
+        config = self.config
+        kv = self.kv
+        bs = config.block_size
+        lifo = config.preemption_mode == "lifo"
+        budget = config.max_num_batched_tokens
+        scheduled: dict[EngineRequest, int] = {}
+        running = self.running
+        preempted = False
+
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_new = min(request.num_tokens - request.num_computed, budget)
+            target = request.num_computed + num_new
+            fits = -(-target // bs) <= request.num_blocks
+            if not fits and request.pending:
+                await self._flush(request)
+            while not fits:
+                allocation = await kv.allocate(request.request_id, target)
+                if allocation is not None:
+                    request.num_blocks += len(allocation.block_ids)
+                    self.stats.evictions += len(allocation.removed)
+                    fits = True
+                    break
+                victim_index = len(running) - 1 if lifo else 0
+                victim = running.pop(victim_index)
+                await self._preempt(victim)
+                preempted = True
+                budget += scheduled.pop(victim, 0)
+                if victim is request:
+                    break
+                if victim_index < i:
+                    i -= 1
+            if not fits:
+                continue  # `request` itself was preempted; running[i] is the next one
+            scheduled[request] = num_new
+            budget -= num_new
+            i += 1
+
+        if preempted:
+            return scheduled
+        waiting = self.waiting
+        caching = config.enable_prefix_caching
+        while waiting and budget > 0 and len(running) < config.max_num_seqs:
+            request = waiting[0]
+            cached_blocks = inactive_cached = 0
+            if caching:
+                cost = await kv.prefill_cost(request.request_id)
+                cached_blocks = cost.cached_blocks
+                inactive_cached = cached_blocks - cost.active_cached_blocks
+            cached = cached_blocks * bs
+            num_new = request.num_tokens - cached
+            if num_new > budget:
+                if not config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            # Admission check (Dynamo's): fresh blocks plus the inactive cached prefix the
+            # allocation would pin must fit in what is free or evictable. Exact, and it
+            # spares a failing allocation its second prefix walk.
+            fresh = -(-(cached + num_new) // bs) - cached_blocks
+            usage = await kv.usage()
+            if fresh + inactive_cached > usage.capacity - usage.num_active:
+                break
+            allocation = await kv.allocate(request.request_id, cached + num_new)
+            if allocation is None:
+                break
+            if allocation.cached_blocks * bs != cached:
+                raise RuntimeError(
+                    f"{request.request_id}: prefill_cost promised {cached // bs} cached "
+                    f"blocks, allocate reused {allocation.cached_blocks}"
+                )
+            waiting.popleft()
+            request.num_blocks = len(allocation.block_ids)
+            request.num_computed = cached
+            stats = self.stats
+            stats.evictions += len(allocation.removed)
+            if caching:
+                stats.prefix_query_tokens += request.num_tokens
+                stats.prefix_hit_tokens += cached
+            running.append(request)
+            scheduled[request] = num_new
+            budget -= num_new
+        return scheduled
+
+    async def _flush(self, request: EngineRequest) -> None:
+        """Hand the request's pending generated tokens to the manager."""
+        pending = request.pending
+        request.pending = []
+        await self.kv.append_tokens(request.request_id, pending)
+
+    async def _preempt(self, request: EngineRequest) -> None:
+        if request.pending:
+            await self._flush(request)
+        await self.kv.preempt(request.request_id)
+        request.num_computed = 0
+        request.num_blocks = 0
+        request.num_preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(request)
+
+    async def _execute(self, scheduled: dict[EngineRequest, int]) -> float:
+        """Advance the clock by the step's cost, then apply its results."""
+        kv = self.kv
+        stats = self.stats
+        bs = self.config.block_size
+        caching = self.config.enable_prefix_caching
+        prefill_tokens = 0
+        decode_seqs = 0
+        for request, num_new in scheduled.items():
+            if (
+                num_new == 1
+                and request.num_output
+                and request.num_computed + 1 == request.num_tokens
+            ):
+                decode_seqs += 1
+            else:
+                prefill_tokens += num_new
+        duration = self.config.timing.step_time(prefill_tokens, decode_seqs)
+        self.clock += duration
+        now = self.clock
+        stats.steps += 1
+        stats.busy_s += duration
+        stats.prefill_tokens += prefill_tokens
+        stats.decode_tokens += decode_seqs
+
+        finished = False
+        for request, num_new in scheduled.items():
+            before = request.num_computed
+            request.num_computed = computed = before + num_new
+            # The watermark only moves on whole blocks: tell the manager when one fills.
+            if caching and computed // bs > before // bs:
+                if request.pending:
+                    await self._flush(request)
+                await kv.mark_computed(request.request_id, computed)
+            if computed < request.num_tokens:
+                continue  # a prefill chunk: nothing to sample yet
+            if request.first_token_s is None:
+                request.first_token_s = now
+                stats.ttft_s.append(now - request.arrival_s)
+            spec = request.spec
+            token = spec.output.token(request.num_output)
+            request.num_output += 1
+            stats.generated_tokens += 1
+            if request.num_output < spec.output_length:
+                request.pending.append(token)
+                request.num_tokens += 1
+                continue
+            await kv.free(request.request_id)
+            request.finish_s = now
+            finished = True
+            stats.completed += 1
+            stats.prompt_tokens += spec.input_length
+            stats.latency_s.append(now - request.arrival_s)
+        if finished:
+            self.running = [r for r in self.running if r.finish_s is None]
+
+        events = await kv.take_events()
+        if events and self.sink is not None:
+            self.sink.publish(
+                KVEventBatch(ts=self.epoch + now, events=events, data_parallel_rank=self.rank)
+            )
+            stats.events_published += 1
+        usage = await kv.usage()
+        stats.sample_times.append(now)
+        stats.usage.append(usage.fraction)
+        stats.query_samples.append(stats.prefix_query_tokens)
+        stats.hit_samples.append(stats.prefix_hit_tokens)
+        return duration

@@ -1,0 +1,267 @@
+"""The engine's async view of one KV manager, and its in-process implementation.
+
+The engine talks to its cache only through `KvClient`, so the same scheduler runs over a
+plain `KvManager` in the engine's task (`LocalKvClient`) or over a manager behind the pool
+actor. Every method is a coroutine; what it raises is what `KvManager` raises (a
+`kvpool.errors.PoolError`, nothing changed), plus `PoolClosed`/`PoolCrashed` for an actor.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
+
+from kvpool.events import KVEvent
+from kvpool.manager import Allocation, KvManager, ManagerStats, PrefillCost
+from kvpool.pool import BlockPool
+
+
+class KvUsage(msgspec.Struct, frozen=True, gc=False):
+    """The pool's occupancy: ``num_active`` (in use or reserved) and evictable blocks."""
+
+    num_active: int
+    num_inactive: int
+    capacity: int
+
+    @property
+    def fraction(self) -> float:
+        """KV usage as vLLM reports it: active blocks over capacity (0.0 when idle)."""
+        return self.num_active / self.capacity
+
+
+class KvClient(Protocol):
+    """What the engine needs from its KV manager; the manager's rules, awaited.
+
+    Cancelling a call of an in-process client never interrupts it (it does not yield);
+    for an actor-backed client, see that client's documentation.
+    """
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """Blocks in the pool."""
+        ...
+
+    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+        """Register a request with its prompt (`KvManager.add_request`)."""
+        ...
+
+    async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Append generated tokens to a request (`KvManager.append_tokens`)."""
+        ...
+
+    async def prefill_cost(self, request_id: str) -> PrefillCost:
+        """The prefix a first allocation would reuse now (`KvManager.prefill_cost`)."""
+        ...
+
+    async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
+        """Grow the table to hold ``num_tokens``; None if it does not fit, nothing changed."""
+        ...
+
+    async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
+        """Move the visibility watermark (`KvManager.mark_computed`)."""
+        ...
+
+    async def free(self, request_id: str) -> None:
+        """Release a finished request's blocks leaf first and forget it."""
+        ...
+
+    async def preempt(self, request_id: str) -> None:
+        """Release a request's blocks leaf first, keeping its tokens for recomputation."""
+        ...
+
+    async def take_events(self) -> list[KVEvent]:
+        """Drain the router-visible events queued so far, oldest first."""
+        ...
+
+    async def usage(self) -> KvUsage:
+        """The pool's occupancy now."""
+        ...
+
+    async def stats(self) -> ManagerStats:
+        """The manager's counters (prefix queries and hits, evictions, preemptions)."""
+        ...
+
+    async def check_invariants(self) -> None:
+        """Re-derive the pool's state; raise `InvariantViolation` if it is inconsistent."""
+        ...
+
+
+class LocalKvClient:
+    """`KvClient` over a `KvManager` owned by the caller's task: calls run inline.
+
+    No method ever yields to the event loop, so a step of the engine is atomic with
+    respect to other tasks, and cancellation cannot interrupt a call half-way.
+    """
+
+    __slots__ = ("_manager", "_pool")
+
+    def __init__(self, manager: KvManager) -> None:
+        self._manager = manager
+        self._pool = manager.pool
+
+    @classmethod
+    def create(
+        cls, num_gpu_blocks: int, block_size: int, *, enable_prefix_caching: bool = True
+    ) -> LocalKvClient:
+        """A client over a fresh pool of ``num_gpu_blocks`` blocks and its own manager."""
+        pool = BlockPool(num_gpu_blocks)
+        return cls(KvManager(pool, block_size, enable_prefix_caching=enable_prefix_caching))
+
+    @property
+    def manager(self) -> KvManager:
+        """The manager this client drives."""
+        return self._manager
+
+    @property
+    def block_size(self) -> int:
+        return self._manager.block_size
+
+    @property
+    def capacity(self) -> int:
+        return self._pool.capacity
+
+    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+        self._manager.add_request(request_id, prompt_token_ids)
+
+    async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
+        self._manager.append_tokens(request_id, token_ids)
+
+    async def prefill_cost(self, request_id: str) -> PrefillCost:
+        return self._manager.prefill_cost(request_id)
+
+    async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
+        return self._manager.allocate(request_id, num_tokens)
+
+    async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
+        self._manager.mark_computed(request_id, num_computed_tokens)
+
+    async def free(self, request_id: str) -> None:
+        self._manager.free(request_id)
+
+    async def preempt(self, request_id: str) -> None:
+        self._manager.preempt(request_id)
+
+    async def take_events(self) -> list[KVEvent]:
+        return self._manager.take_events()
+
+    async def usage(self) -> KvUsage:
+        pool = self._pool
+        return KvUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
+
+    async def stats(self) -> ManagerStats:
+        return self._manager.stats()
+
+    async def check_invariants(self) -> None:
+        self._pool.check_invariants()
+
+
+class TimedKvClient:
+    """A `KvClient` wrapper that adds the wall time spent awaiting each call to ``seconds``.
+
+    Benchmarks use it to split wall time between the cache (manager, pool, actor round
+    trips) and the scheduler around it.
+    """
+
+    __slots__ = ("_inner", "calls", "seconds")
+
+    def __init__(self, inner: KvClient) -> None:
+        self._inner = inner
+        self.seconds = 0.0
+        self.calls = 0
+
+    @property
+    def block_size(self) -> int:
+        return self._inner.block_size
+
+    @property
+    def capacity(self) -> int:
+        return self._inner.capacity
+
+    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+        start = time.perf_counter()
+        try:
+            await self._inner.add_request(request_id, prompt_token_ids)
+        finally:
+            self._charge(start)
+
+    async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
+        start = time.perf_counter()
+        try:
+            await self._inner.append_tokens(request_id, token_ids)
+        finally:
+            self._charge(start)
+
+    async def prefill_cost(self, request_id: str) -> PrefillCost:
+        start = time.perf_counter()
+        try:
+            return await self._inner.prefill_cost(request_id)
+        finally:
+            self._charge(start)
+
+    async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
+        start = time.perf_counter()
+        try:
+            return await self._inner.allocate(request_id, num_tokens)
+        finally:
+            self._charge(start)
+
+    async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
+        start = time.perf_counter()
+        try:
+            await self._inner.mark_computed(request_id, num_computed_tokens)
+        finally:
+            self._charge(start)
+
+    async def free(self, request_id: str) -> None:
+        start = time.perf_counter()
+        try:
+            await self._inner.free(request_id)
+        finally:
+            self._charge(start)
+
+    async def preempt(self, request_id: str) -> None:
+        start = time.perf_counter()
+        try:
+            await self._inner.preempt(request_id)
+        finally:
+            self._charge(start)
+
+    async def take_events(self) -> list[KVEvent]:
+        start = time.perf_counter()
+        try:
+            return await self._inner.take_events()
+        finally:
+            self._charge(start)
+
+    async def usage(self) -> KvUsage:
+        start = time.perf_counter()
+        try:
+            return await self._inner.usage()
+        finally:
+            self._charge(start)
+
+    async def stats(self) -> ManagerStats:
+        start = time.perf_counter()
+        try:
+            return await self._inner.stats()
+        finally:
+            self._charge(start)
+
+    async def check_invariants(self) -> None:
+        start = time.perf_counter()
+        try:
+            await self._inner.check_invariants()
+        finally:
+            self._charge(start)
+
+    def _charge(self, start: float) -> None:
+        self.seconds += time.perf_counter() - start
+        self.calls += 1

@@ -1,0 +1,54 @@
+"""What an engine counts while it runs, and the summary statistics reports use."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """One engine's counters and per-step samples (simulated time, seconds).
+
+    Prefix-cache queries and hits are in tokens, counted once per admission the way the
+    manager counts them: the request's tokens at that moment, and the cached prefix its
+    first allocation reused. ``usage`` is sampled once per step, after the step.
+    """
+
+    submitted: int = 0
+    rejected: int = 0
+    completed: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    preemptions: int = 0
+    evictions: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    steps: int = 0
+    busy_s: float = 0.0
+    events_published: int = 0
+    sample_times: list[float] = field(default_factory=list)
+    usage: list[float] = field(default_factory=list)
+    query_samples: list[int] = field(default_factory=list)
+    hit_samples: list[int] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def mean(values: Sequence[float]) -> float:
+    """The arithmetic mean; 0.0 for no values."""
+    return math.fsum(values) / len(values) if values else 0.0

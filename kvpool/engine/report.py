@@ -1,0 +1,198 @@
+"""The simulation report: per-worker and total figures, as text or JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from kvpool.engine.engine import MockEngine
+from kvpool.engine.kv_client import KvUsage
+from kvpool.engine.metrics import EngineStats, mean, percentile
+
+
+class Distribution(msgspec.Struct, frozen=True):
+    """Summary of samples: mean, median, 99th percentile, maximum."""
+
+    mean: float
+    p50: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Distribution:
+        """Summarise ``values`` (all zeros when there are none)."""
+        return cls(
+            mean=mean(values),
+            p50=percentile(values, 50),
+            p99=percentile(values, 99),
+            max=max(values, default=0.0),
+        )
+
+
+class WorkerReport(msgspec.Struct, frozen=True):
+    """One worker's figures (``worker`` None: the whole cluster).
+
+    Token counts: ``prompt_tokens`` and ``generated_tokens`` of the requests served;
+    ``prefill_tokens_computed`` counts every prompt token computed, recomputation after
+    preemption included, cached ones excluded. Prefix-cache figures are in tokens.
+    ``kv_usage`` is sampled after every step (active blocks over capacity); ``ttft_s``
+    and ``latency_s`` are simulated seconds from arrival to first and last token.
+    ``leaked_blocks`` is the pool's active count after the run: 0 unless a block leaked.
+    """
+
+    worker: int | None
+    requests_submitted: int
+    requests_completed: int
+    requests_rejected: int
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_tokens_computed: int
+    steps: int
+    simulated_s: float
+    busy_s: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prefix_cache_hit_rate: float
+    kv_usage: Distribution
+    preemptions: int
+    evictions: int
+    ttft_s: Distribution
+    latency_s: Distribution
+    kv_event_batches: int
+    num_gpu_blocks: int
+    leaked_blocks: int
+
+
+class Report(msgspec.Struct, frozen=True):
+    """A whole run: what was simulated, how long it took, per worker and in total."""
+
+    workload: str
+    settings: dict[str, object]
+    wall_s: float
+    simulated_s: float
+    requests_per_wall_s: float
+    workers: list[WorkerReport]
+    total: WorkerReport
+
+
+def worker_report(
+    worker: int | None, stats: Sequence[EngineStats], clock: float, final: Sequence[KvUsage]
+) -> WorkerReport:
+    """Combine the stats of one or more engines (samples pooled) into a `WorkerReport`."""
+
+    def total(name: str) -> int:
+        return sum(getattr(s, name) for s in stats)
+
+    queries = total("prefix_query_tokens")
+    hits = total("prefix_hit_tokens")
+    return WorkerReport(
+        worker=worker,
+        requests_submitted=total("submitted"),
+        requests_completed=total("completed"),
+        requests_rejected=total("rejected"),
+        prompt_tokens=total("prompt_tokens"),
+        generated_tokens=total("generated_tokens"),
+        prefill_tokens_computed=total("prefill_tokens"),
+        steps=total("steps"),
+        simulated_s=clock,
+        busy_s=sum(s.busy_s for s in stats),
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        prefix_cache_hit_rate=hits / queries if queries else 0.0,
+        kv_usage=Distribution.of([u for s in stats for u in s.usage]),
+        preemptions=total("preemptions"),
+        evictions=total("evictions"),
+        ttft_s=Distribution.of([t for s in stats for t in s.ttft_s]),
+        latency_s=Distribution.of([t for s in stats for t in s.latency_s]),
+        kv_event_batches=total("events_published"),
+        num_gpu_blocks=sum(u.capacity for u in final),
+        leaked_blocks=sum(u.num_active for u in final),
+    )
+
+
+def build_report(
+    engines: Sequence[MockEngine],
+    final: Sequence[KvUsage],
+    *,
+    workload: str,
+    settings: dict[str, object],
+    wall_s: float,
+) -> Report:
+    """The report of a finished run; ``final`` is each engine's `MockEngine.final_usage`."""
+    workers = [
+        worker_report(engine.rank, [engine.stats], engine.clock, [usage])
+        for engine, usage in zip(engines, final, strict=True)
+    ]
+    simulated = max(engine.clock for engine in engines)
+    total = worker_report(None, [engine.stats for engine in engines], simulated, final)
+    return Report(
+        workload=workload,
+        settings=settings,
+        wall_s=wall_s,
+        simulated_s=simulated,
+        requests_per_wall_s=total.requests_submitted / wall_s if wall_s > 0 else 0.0,
+        workers=workers,
+        total=total,
+    )
+
+
+def report_json(report: Report) -> bytes:
+    """The report as indented JSON (UTF-8, trailing newline)."""
+    return msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n"
+
+
+def format_report(report: Report) -> str:
+    """The report as a plain-text table: one column per worker, then the total."""
+    columns = [*report.workers, report.total] if len(report.workers) > 1 else [report.total]
+    heads = [f"worker {w.worker}" for w in report.workers] if len(report.workers) > 1 else []
+    heads.append("total")
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%"
+
+    def secs(x: float) -> str:
+        return f"{x:.3f}s"
+
+    rows: list[tuple[str, list[str]]] = [
+        ("requests submitted", [f"{w.requests_submitted}" for w in columns]),
+        ("requests completed", [f"{w.requests_completed}" for w in columns]),
+        ("requests rejected", [f"{w.requests_rejected}" for w in columns]),
+        ("prompt tokens", [f"{w.prompt_tokens}" for w in columns]),
+        ("generated tokens", [f"{w.generated_tokens}" for w in columns]),
+        ("prefill tokens computed", [f"{w.prefill_tokens_computed}" for w in columns]),
+        ("steps", [f"{w.steps}" for w in columns]),
+        ("simulated time", [secs(w.simulated_s) for w in columns]),
+        ("prefix cache hit rate", [pct(w.prefix_cache_hit_rate) for w in columns]),
+        (
+            "  hits / queries (tokens)",
+            [f"{w.prefix_cache_hits}/{w.prefix_cache_queries}" for w in columns],
+        ),
+        ("KV usage mean", [pct(w.kv_usage.mean) for w in columns]),
+        ("KV usage p50", [pct(w.kv_usage.p50) for w in columns]),
+        ("KV usage p99", [pct(w.kv_usage.p99) for w in columns]),
+        ("KV usage max", [pct(w.kv_usage.max) for w in columns]),
+        ("preemptions", [f"{w.preemptions}" for w in columns]),
+        ("evictions (blocks)", [f"{w.evictions}" for w in columns]),
+        ("TTFT p50 / p99", [f"{w.ttft_s.p50:.3f}/{w.ttft_s.p99:.3f}s" for w in columns]),
+        ("latency p50 / p99", [f"{w.latency_s.p50:.3f}/{w.latency_s.p99:.3f}s" for w in columns]),
+        ("KV event batches", [f"{w.kv_event_batches}" for w in columns]),
+        ("leaked blocks", [f"{w.leaked_blocks}" for w in columns]),
+    ]
+    label_width = max(len(label) for label, _ in rows)
+    widths = [
+        max(len(head), *(len(values[i]) for _, values in rows)) for i, head in enumerate(heads)
+    ]
+    lines = [
+        f"kvpool simulate: {report.workload}",
+        f"wall time {report.wall_s:.2f}s, simulated {report.simulated_s:.2f}s, "
+        f"{report.requests_per_wall_s:.0f} requests per wall second",
+        "",
+        " " * label_width
+        + "  "
+        + "  ".join(h.rjust(w) for h, w in zip(heads, widths, strict=True)),
+    ]
+    for label, values in rows:
+        cells = "  ".join(v.rjust(w) for v, w in zip(values, widths, strict=True))
+        lines.append(f"{label.ljust(label_width)}  {cells}")
+    return "\n".join(lines) + "\n"
