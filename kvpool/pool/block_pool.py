@@ -106,10 +106,12 @@ class BlockPool:
 
     def prefix_hit(self, block_hash: object) -> PrefixHit | None:
         """Whether ``block_hash`` is resident, and whether its first copy is in use."""
-        if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+        if type(block_hash) is not int:
             _bad_hash(block_hash)
         copy = self._by_hash.get(block_hash)
         if copy is None:
+            if not 0 <= block_hash <= MAX_HASH:  # a resident hash is in range already
+                _bad_hash(block_hash)
             return None
         return ACTIVE_HIT if copy.holds else INACTIVE_HIT
 
@@ -141,10 +143,12 @@ class BlockPool:
         by_hash = self._by_hash
         hits: list[Copy] = []
         for block_hash in prefix:
-            if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+            if type(block_hash) is not int:
                 _bad_hash(block_hash)
             copy = by_hash.get(block_hash)
             if copy is None:
+                if not 0 <= block_hash <= MAX_HASH:
+                    _bad_hash(block_hash)
                 raise PrefixNotResidentError(
                     f"prefix hash {block_hash} is not resident; look a prefix up with "
                     "prefix_hit in the same turn as its reserve"
@@ -344,7 +348,6 @@ class BlockPool:
         dups = self._dups
         copy = sentinel.next
         for _ in range(count):
-            # The evicted copy keeps its stale links: nothing refers to it any more.
             slot = copy.id & _SLOT_MASK  # type: ignore[union-attr]
             slots[slot] = None
             free.append(slot)
@@ -360,7 +363,10 @@ class BlockPool:
             else:
                 del by_hash[block_hash]
                 removed.append(block_hash)
-            copy = copy.next  # type: ignore[union-attr]
+            # Unlink fully: adjacent evicted copies would otherwise keep each other alive.
+            nxt = copy.next  # type: ignore[union-attr]
+            copy.prev = copy.next = None  # type: ignore[union-attr]
+            copy = nxt
         sentinel.next = copy
         copy.prev = sentinel  # type: ignore[union-attr]
         self._num_copies -= count
