@@ -7,6 +7,9 @@ destroyed at teardown, closing anything left open.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 
 import anyio
@@ -304,3 +307,27 @@ async def test_publish_from_async_code_and_aclose(ctx: zmq.Context[zmq.Socket[by
             replies = await anyio.to_thread.run_sync(replay, ctx, endpoint, 0)
         assert pub.closed
     assert [seq_of(s) for s, _ in replies] == [0, 1, 2, 3]
+
+
+def test_without_pyzmq_only_creating_a_publisher_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "zmq", None)  # makes `import zmq` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install 'kvpool\[zmq\]'"):
+        ZmqEventPublisher(endpoint=LOOPBACK)
+
+
+def test_kvpool_events_imports_without_pyzmq() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["zmq"] = None  # as if pyzmq were not installed
+        from kvpool.events import EventCollector, KVEventBatch, ZmqEventPublisher, encode_batch
+        sink = EventCollector()
+        sink.publish(KVEventBatch(ts=1.0, events=[]))
+        print(len(encode_batch(sink.batches[0])), ZmqEventPublisher.__name__)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["12", "ZmqEventPublisher"]

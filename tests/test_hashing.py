@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from array import array
 from itertools import pairwise
 
 import pytest
@@ -143,11 +144,23 @@ def test_bad_hashes_raise_invalid_hash(bad: object) -> None:
 
 
 def test_big_endian_hosts_byteswap_to_little_endian(monkeypatch: pytest.MonkeyPatch) -> None:
-    native = block_hash_module.pack_tokens([1, 2])
+    u32 = array(block_hash_module._U32, [1, 2])
+    native = block_hash_module.pack_tokens(u32)
     monkeypatch.setattr(block_hash_module, "_SWAP", True)
     # On this (little-endian) host the swap path must produce the opposite byte order.
     assert block_hash_module.pack_tokens([1, 2]) == struct.pack(">2I", 1, 2)
+    assert block_hash_module.pack_tokens(u32) == struct.pack(">2I", 1, 2)
+    assert list(u32) == [1, 2]  # the caller's array is not swapped in place
     assert native == struct.pack("<2I", 1, 2)
+
+
+def test_u32_arrays_hash_like_lists_and_other_arrays_are_validated() -> None:
+    tokens = list(range(40))
+    u32 = array(block_hash_module._U32, tokens)
+    assert block_hashes(u32, 16) == block_hashes(tokens, 16)
+    assert block_hashes(array("q", tokens), 16) == block_hashes(tokens, 16)
+    with pytest.raises(InvalidArgumentError):
+        block_hashes(array("q", [1, -1]), 1)
 
 
 @given(

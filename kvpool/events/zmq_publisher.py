@@ -122,7 +122,7 @@ class ZmqEventPublisher:
         """
         try:
             import zmq
-        except ImportError as exc:  # pragma: no cover - pyzmq is installed for the tests
+        except ImportError as exc:
             raise ImportError(
                 "ZmqEventPublisher needs pyzmq; install it with: pip install 'kvpool[zmq]'"
             ) from exc

@@ -54,13 +54,17 @@ def pack_tokens(tokens: Sequence[int]) -> bytes:
 
     Raises `InvalidArgumentError` if a token is not an int in ``[0, 2**32)``.
     """
-    if isinstance(tokens, bytes | bytearray | memoryview):
-        tokens = list(tokens)  # array() would take these as raw bytes, not token ids
-    try:
-        packed = array(_U32, tokens)
-    except (OverflowError, TypeError) as exc:
-        raise InvalidArgumentError(f"token ids must be ints in [0, 2**32): {exc}") from None
-    if _SWAP:  # pragma: no cover - every CI host is little-endian
+    if isinstance(tokens, array) and tokens.typecode == _U32:
+        packed = tokens  # already u32: nothing to validate
+    else:
+        if isinstance(tokens, bytes | bytearray | memoryview):
+            tokens = list(tokens)  # array() would take these as raw bytes, not token ids
+        try:
+            packed = array(_U32, tokens)
+        except (OverflowError, TypeError) as exc:
+            raise InvalidArgumentError(f"token ids must be ints in [0, 2**32): {exc}") from None
+    if _SWAP:
+        packed = array(_U32, packed)  # a copy: never swap the caller's array in place
         packed.byteswap()
     return packed.tobytes()
 
