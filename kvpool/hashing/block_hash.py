@@ -47,6 +47,7 @@ def _u32_typecode() -> str:
 
 _U32 = _u32_typecode()
 _SWAP = sys.byteorder != "little"
+_RAW_BYTES = (bytes, bytearray, memoryview)  # a tuple: isinstance is 2x faster than with a union
 
 
 def pack_tokens(tokens: Sequence[int]) -> bytes:
@@ -57,7 +58,7 @@ def pack_tokens(tokens: Sequence[int]) -> bytes:
     if isinstance(tokens, array) and tokens.typecode == _U32:
         packed = tokens  # already u32: nothing to validate
     else:
-        if isinstance(tokens, bytes | bytearray | memoryview):
+        if isinstance(tokens, _RAW_BYTES):
             tokens = list(tokens)  # array() would take these as raw bytes, not token ids
         try:
             packed = array(_U32, tokens)
