@@ -6,7 +6,7 @@ rules), `Simulation` runs several engines on a workload in simulated time, and
 """
 
 from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
-from kvpool.engine.engine import MockEngine
+from kvpool.engine.engine import MockEngine, StepResult
 from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.report import (
@@ -31,6 +31,7 @@ __all__ = [
     "PreemptionMode",
     "Report",
     "Simulation",
+    "StepResult",
     "TimedKvClient",
     "TimingModel",
     "WorkerReport",

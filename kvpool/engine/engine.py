@@ -29,6 +29,7 @@ when submitted. Everything here is deterministic: same requests, same run.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from kvpool.engine.config import EngineConfig
 from kvpool.engine.kv_client import KvClient, KvUsage
@@ -37,6 +38,22 @@ from kvpool.engine.request import EngineRequest
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEventBatch
 from kvpool.workloads import RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One step: the clock after it, its duration, and what happened to which request.
+
+    ``scheduled`` maps request ids to the tokens computed for them (in schedule order);
+    ``preempted`` lists this step's victims in preemption order; ``finished`` the
+    requests that produced their last token.
+    """
+
+    clock: float
+    duration_s: float
+    scheduled: dict[str, int]
+    preempted: list[str]
+    finished: list[str]
 
 
 class MockEngine:
@@ -71,6 +88,7 @@ class MockEngine:
         self.running: list[EngineRequest] = []
         self.stats = EngineStats()
         self.rejected_ids: list[str] = []
+        self._preempted: list[str] = []
 
     def __repr__(self) -> str:
         return (
@@ -129,18 +147,26 @@ class MockEngine:
 
     # ------------------------------------------------------------------ steps
 
-    async def step(self) -> float:
-        """Schedule and execute one step; return its simulated duration in seconds.
+    async def step(self) -> StepResult:
+        """Schedule and execute one step; return what it did.
 
         Raises `RuntimeError` when there is nothing to do (see `has_work`) or when the
         scheduler cannot make progress (a bug: rejection keeps that from happening).
         """
         if not self.has_work:
             raise RuntimeError("step() of an idle engine")
+        self._preempted = []
         scheduled = await self._schedule()
         if not scheduled:
             raise RuntimeError(f"the scheduler made no progress: {self!r}")
-        return await self._execute(scheduled)
+        duration, finished = await self._execute(scheduled)
+        return StepResult(
+            clock=self.clock,
+            duration_s=duration,
+            scheduled={request.request_id: n for request, n in scheduled.items()},
+            preempted=self._preempted,
+            finished=finished,
+        )
 
     async def run_until_idle(self) -> None:
         """Step until every submitted request has finished."""
@@ -252,9 +278,10 @@ class MockEngine:
         request.num_blocks = 0
         request.num_preemptions += 1
         self.stats.preemptions += 1
+        self._preempted.append(request.request_id)
         self.waiting.appendleft(request)
 
-    async def _execute(self, scheduled: dict[EngineRequest, int]) -> float:
+    async def _execute(self, scheduled: dict[EngineRequest, int]) -> tuple[float, list[str]]:
         """Advance the clock by the step's cost, then apply its results."""
         kv = self.kv
         stats = self.stats
@@ -279,7 +306,7 @@ class MockEngine:
         stats.prefill_tokens += prefill_tokens
         stats.decode_tokens += decode_seqs
 
-        finished = False
+        finished: list[str] = []
         for request, num_new in scheduled.items():
             before = request.num_computed
             request.num_computed = computed = before + num_new
@@ -303,7 +330,7 @@ class MockEngine:
                 continue
             await kv.free(request.request_id)
             request.finish_s = now
-            finished = True
+            finished.append(request.request_id)
             stats.completed += 1
             stats.prompt_tokens += spec.input_length
             stats.latency_s.append(now - request.arrival_s)
@@ -321,4 +348,4 @@ class MockEngine:
         stats.usage.append(usage.fraction)
         stats.query_samples.append(stats.prefix_query_tokens)
         stats.hit_samples.append(stats.prefix_hit_tokens)
-        return duration
+        return duration, finished

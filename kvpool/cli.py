@@ -1,0 +1,446 @@
+"""``kvpool``: the command line. ``kvpool simulate`` runs a workload on mock engines.
+
+Exit status: 0 on success, 2 for a bad flag, 1 for bad input (an unreadable or malformed
+trace, a missing optional dependency, a socket that cannot be bound) or a run that
+leaked KV blocks. Input is validated before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
+from kvpool.engine.progress import ProgressBar
+from kvpool.engine.runner import SimulationRun, run_simulation
+from kvpool.errors import PoolError, TraceError
+from kvpool.workloads import (
+    MOONCAKE_BLOCK_SIZE,
+    RequestSpec,
+    SyntheticWorkload,
+    read_mooncake_trace,
+)
+
+if TYPE_CHECKING:
+    from kvpool.events import EventSink
+
+_DEFAULTS = EngineConfig()
+_TIMING = TimingModel()
+
+_DESCRIPTION = """\
+Run a serving workload through vLLM v1-style mock engines over the modelled KV-cache
+block pool, and report what the cache did: hit rate, usage, preemptions, evictions.
+
+Without --trace it runs the embedded default workload: a seeded mix of multi-turn chat
+sessions on shared system prompts, sized so that with the default flags the cache fills
+up, blocks are evicted and requests are preempted, in a few seconds of wall time.
+"""
+
+_EPILOG = """\
+timing model: each engine step takes
+  step-overhead + prefill-per-token * prefill tokens + decode-per-seq * decoding sequences
+of simulated time; --speedup-ratio 0 (the default) runs as fast as possible, a ratio R > 0
+paces the run so simulated time passes R times faster than wall time.
+
+examples:
+  kvpool simulate
+  kvpool simulate --workers 2 --json report.json --plot usage.png
+  kvpool simulate --trace kvpool/data/sample_trace.jsonl --num-gpu-blocks 2048
+"""
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+_non_negative_float.__name__ = "number"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvpool`` argument parser with its ``simulate`` subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="kvpool", description="kvpool: a model of vLLM's GPU KV-cache block pool."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sim = commands.add_parser(
+        "simulate",
+        help="run a workload on mock engines and report KV-cache behaviour",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+    work = sim.add_argument_group("workload")
+    work.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="Mooncake trace (JSON lines: timestamp ms, input_length, output_length, "
+        "hash_ids) to replay instead of the embedded default workload",
+    )
+    work.add_argument(
+        "--trace-block-size",
+        type=_int_at_least(1),
+        default=MOONCAKE_BLOCK_SIZE,
+        metavar="N",
+        help="tokens per hash id in the trace (default: %(default)s, Mooncake's)",
+    )
+    work.add_argument(
+        "--seed",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="seed of the embedded default workload (default: %(default)s)",
+    )
+    work.add_argument(
+        "--sessions",
+        type=_int_at_least(1),
+        default=SyntheticWorkload().num_sessions,
+        metavar="N",
+        help="chat sessions in the embedded default workload (default: %(default)s)",
+    )
+
+    engine = sim.add_argument_group("engine (per worker)")
+    engine.add_argument(
+        "--num-gpu-blocks",
+        type=_int_at_least(1),
+        default=_DEFAULTS.num_gpu_blocks,
+        metavar="N",
+        help="KV-cache blocks in each worker's pool (default: %(default)s)",
+    )
+    engine.add_argument(
+        "--block-size",
+        type=_int_at_least(1),
+        default=_DEFAULTS.block_size,
+        metavar="N",
+        help="tokens per KV block (default: %(default)s)",
+    )
+    engine.add_argument(
+        "--max-num-seqs",
+        type=_int_at_least(1),
+        default=_DEFAULTS.max_num_seqs,
+        metavar="N",
+        help="most requests running at once (default: %(default)s)",
+    )
+    engine.add_argument(
+        "--max-num-batched-tokens",
+        type=_int_at_least(1),
+        default=_DEFAULTS.max_num_batched_tokens,
+        metavar="N",
+        help="token budget of one step (default: %(default)s)",
+    )
+    engine.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULTS.enable_prefix_caching,
+        help="reuse cached prompt prefixes (default: on)",
+    )
+    engine.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULTS.enable_chunked_prefill,
+        help="split long prompts across steps; off: a prompt is computed in one step or "
+        "waits (default: on)",
+    )
+    engine.add_argument(
+        "--preemption-mode",
+        choices=("lifo", "fifo"),
+        default=_DEFAULTS.preemption_mode,
+        help="victim when blocks run out: newest running request (lifo, vLLM) or oldest "
+        "(fifo) (default: %(default)s)",
+    )
+    engine.add_argument(
+        "--step-overhead-ms",
+        type=_non_negative_float,
+        default=_TIMING.step_overhead_s * 1e3,
+        metavar="MS",
+        help="timing model: fixed cost of a step (default: %(default)s)",
+    )
+    engine.add_argument(
+        "--prefill-us-per-token",
+        type=_non_negative_float,
+        default=_TIMING.prefill_token_s * 1e6,
+        metavar="US",
+        help="timing model: cost per prompt token computed (default: %(default)s)",
+    )
+    engine.add_argument(
+        "--decode-us-per-seq",
+        type=_non_negative_float,
+        default=_TIMING.decode_seq_s * 1e6,
+        metavar="US",
+        help="timing model: cost per decoding sequence (default: %(default)s)",
+    )
+
+    cluster = sim.add_argument_group("run")
+    cluster.add_argument(
+        "--workers",
+        "--data-parallel-size",
+        dest="workers",
+        type=_int_at_least(1),
+        default=1,
+        metavar="N",
+        help="engines (data-parallel ranks), each with its own pool and event stream "
+        "(default: %(default)s)",
+    )
+    cluster.add_argument(
+        "--dispatch",
+        choices=("least-loaded", "round-robin"),
+        default="least-loaded",
+        help="how requests are spread over workers: fewest outstanding requests (lowest "
+        "rank on ties) or in turn (default: %(default)s)",
+    )
+    cluster.add_argument(
+        "--speedup-ratio",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="R",
+        help="simulated seconds per wall second; 0 = as fast as possible (default: 0)",
+    )
+    cluster.add_argument(
+        "--zmq-kv-event-port",
+        type=_int_at_least(1),
+        metavar="PORT",
+        help="publish each worker's KV events vLLM-style on a ZMQ PUB socket at "
+        "PORT + rank (needs pyzmq)",
+    )
+    cluster.add_argument(
+        "--zmq-kv-event-host",
+        default="*",
+        metavar="HOST",
+        help="interface the ZMQ publishers bind (default: all, '*')",
+    )
+    cluster.add_argument(
+        "--loop",
+        choices=("auto", "uvloop", "asyncio", "trio"),
+        default="auto",
+        help="event loop: uvloop when installed (auto), or force one (default: auto)",
+    )
+
+    out = sim.add_argument_group("output")
+    out.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the report as JSON to FILE ('-' = stdout; the text report then "
+        "goes to stderr)",
+    )
+    out.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw KV usage and prefix-cache hit rate over simulated time (needs matplotlib)",
+    )
+    out.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none anyway unless stderr is a terminal)",
+    )
+    sim.set_defaults(handler=_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvpool`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace, argparse.ArgumentParser], int] | None = getattr(
+        args, "handler", None
+    )
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return handler(args, parser)
+
+
+def _fail(message: str) -> int:
+    print(f"kvpool simulate: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        config = EngineConfig(
+            num_gpu_blocks=args.num_gpu_blocks,
+            block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_prefix_caching=args.enable_prefix_caching,
+            enable_chunked_prefill=args.enable_chunked_prefill,
+            preemption_mode=args.preemption_mode,
+            timing=TimingModel(
+                step_overhead_s=args.step_overhead_ms / 1e3,
+                prefill_token_s=args.prefill_us_per_token / 1e6,
+                decode_seq_s=args.decode_us_per_seq / 1e6,
+            ),
+        )
+    except PoolError as exc:
+        parser.error(str(exc))
+    # Everything that can fail on input fails here, before the run starts.
+    try:
+        requests, workload = _load_workload(args)
+    except TraceError as exc:
+        return _fail(str(exc))
+    if args.plot:
+        from kvpool.engine.plot import require_matplotlib
+
+        try:
+            require_matplotlib()
+        except ImportError as exc:
+            return _fail(str(exc))
+    for name in ("json", "plot"):
+        target = getattr(args, name)
+        if target and target != "-" and not Path(target).resolve().parent.is_dir():
+            return _fail(f"--{name}: no such directory: {Path(target).parent}")
+    try:
+        sinks = _open_sinks(args)
+    except (ImportError, OSError, PoolError) as exc:
+        return _fail(f"--zmq-kv-event-port: {exc}")
+
+    progress = ProgressBar(sys.stderr) if _show_progress(args) else None
+    try:
+        run = _run(args, config, requests, workload, sinks, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+        for sink in sinks or ():
+            sink.close()
+    _write_outputs(args, run)
+    leaked = run.report.total.leaked_blocks
+    if leaked:
+        return _fail(f"{leaked} KV blocks were still active after every request finished")
+    return 0
+
+
+def _load_workload(args: argparse.Namespace) -> tuple[list[RequestSpec], str]:
+    if args.trace:
+        requests = read_mooncake_trace(args.trace, trace_block_size=args.trace_block_size)
+        return requests, f"trace {args.trace} ({len(requests)} requests)"
+    requests = SyntheticWorkload(seed=args.seed, num_sessions=args.sessions).requests()
+    return requests, (
+        f"embedded default workload (seed {args.seed}, {args.sessions} sessions, "
+        f"{len(requests)} requests)"
+    )
+
+
+class _ClosableSink:
+    """What the CLI needs of a sink: publish batches, close at the end."""
+
+    def __init__(self, publisher: Any) -> None:
+        self._publisher = publisher
+
+    def publish(self, batch: Any) -> None:
+        self._publisher.publish(batch)
+
+    def close(self) -> None:
+        self._publisher.close()
+
+
+def _open_sinks(args: argparse.Namespace) -> list[_ClosableSink] | None:
+    if args.zmq_kv_event_port is None:
+        return None
+    from kvpool.events import ZmqEventPublisher
+
+    sinks: list[_ClosableSink] = []
+    try:
+        for rank in range(args.workers):
+            endpoint = f"tcp://{args.zmq_kv_event_host}:{args.zmq_kv_event_port}"
+            publisher = ZmqEventPublisher(data_parallel_rank=rank, endpoint=endpoint, bind=True)
+            sinks.append(_ClosableSink(publisher))
+    except BaseException:
+        for sink in sinks:
+            sink.close()
+        raise
+    return sinks
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def _settings(args: argparse.Namespace) -> dict[str, object]:
+    skip = {"command", "handler", "json", "plot", "no_progress"}
+    return {key: value for key, value in sorted(vars(args).items()) if key not in skip}
+
+
+def _run(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    requests: list[RequestSpec],
+    workload: str,
+    sinks: Sequence[EventSink] | None,
+    progress: ProgressBar | None,
+) -> SimulationRun:
+    import anyio
+
+    async def go() -> SimulationRun:
+        return await run_simulation(
+            requests,
+            config,
+            workers=args.workers,
+            dispatch=args.dispatch,
+            speedup_ratio=args.speedup_ratio,
+            sinks=sinks,
+            on_progress=progress,
+            workload=workload,
+            settings=_settings(args),
+        )
+
+    backend, options = _backend(args.loop)
+    return anyio.run(go, backend=backend, backend_options=options)
+
+
+def _backend(loop: str) -> tuple[str, dict[str, object]]:
+    if loop == "trio":
+        return "trio", {}
+    if loop == "asyncio":
+        return "asyncio", {}
+    try:
+        import uvloop  # noqa: F401
+    except ImportError as exc:
+        if loop == "uvloop":
+            raise SystemExit(
+                "kvpool simulate: error: --loop uvloop: uvloop is not installed"
+            ) from exc
+        return "asyncio", {}
+    return "asyncio", {"use_uvloop": True}
+
+
+def _write_outputs(args: argparse.Namespace, run: SimulationRun) -> None:
+    report: Report = run.report
+    text = format_report(report)
+    if args.json == "-":
+        sys.stderr.write(text)
+        sys.stdout.buffer.write(report_json(report))
+        sys.stdout.flush()
+    else:
+        sys.stdout.write(text)
+        if args.json:
+            Path(args.json).write_bytes(report_json(report))
+    if args.plot:
+        from kvpool.engine.plot import write_plot
+
+        write_plot(run.engines, args.plot)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Run a workload on N engines, each with its own KV client, and build the report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+
+from kvpool.engine.config import EngineConfig
+from kvpool.engine.engine import MockEngine
+from kvpool.engine.kv_client import KvClient, LocalKvClient
+from kvpool.engine.report import Report, build_report
+from kvpool.engine.simulation import Dispatch, ProgressCallback, Simulation
+from kvpool.errors import InvalidArgumentError
+from kvpool.events import EventSink
+from kvpool.workloads import RequestSpec
+
+KvFactory = Callable[[EngineConfig, int], AbstractAsyncContextManager[KvClient]]
+"""Opens the KV client of one engine, given the config and the engine's rank."""
+
+
+@asynccontextmanager
+async def open_local_kv(config: EngineConfig, rank: int) -> AsyncIterator[KvClient]:
+    """A `LocalKvClient` over a fresh pool and manager sized by ``config``."""
+    yield LocalKvClient.create(
+        config.num_gpu_blocks,
+        config.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+    )
+
+
+class SimulationRun:
+    """A finished run: its engines (with their stats), report, and KV clients' final state."""
+
+    def __init__(self, engines: list[MockEngine], report: Report) -> None:
+        self.engines = engines
+        self.report = report
+
+
+async def run_simulation(
+    requests: Sequence[RequestSpec],
+    config: EngineConfig,
+    *,
+    workers: int = 1,
+    dispatch: Dispatch = "least-loaded",
+    speedup_ratio: float = 0.0,
+    kv_factory: KvFactory = open_local_kv,
+    sinks: Sequence[EventSink | None] | None = None,
+    on_progress: ProgressCallback | None = None,
+    workload: str = "workload",
+    settings: dict[str, object] | None = None,
+    wrap_kv: Callable[[KvClient], KvClient] | None = None,
+) -> SimulationRun:
+    """Open ``workers`` KV clients, run the requests to completion, close the clients.
+
+    Every engine's pool is checked (invariants, active blocks) before it is closed; the
+    report carries the result. ``sinks[rank]`` receives that engine's event batches;
+    ``wrap_kv`` (e.g. `TimedKvClient`) wraps each client. Raises `InvalidArgumentError`
+    for a bad argument and whatever a KV client raises.
+    """
+    if type(workers) is not int or workers < 1:
+        raise InvalidArgumentError(f"workers must be an int >= 1, got {workers!r}")
+    if sinks is not None and len(sinks) != workers:
+        raise InvalidArgumentError(f"need one sink (or None) per worker, got {len(sinks)}")
+    epoch = time.time()
+    async with AsyncExitStack() as stack:
+        engines = []
+        for rank in range(workers):
+            kv = await stack.enter_async_context(kv_factory(config, rank))
+            if wrap_kv is not None:
+                kv = wrap_kv(kv)
+            sink = sinks[rank] if sinks is not None else None
+            engines.append(MockEngine(kv, config, rank=rank, sink=sink, epoch=epoch))
+        simulation = Simulation(
+            engines,
+            requests,
+            dispatch=dispatch,
+            speedup_ratio=speedup_ratio,
+            on_progress=on_progress,
+        )
+        wall_s = await simulation.run()
+        final = [await engine.final_usage() for engine in engines]
+    report = build_report(engines, final, workload=workload, settings=settings or {}, wall_s=wall_s)
+    return SimulationRun(engines, report)
