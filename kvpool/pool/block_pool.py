@@ -50,7 +50,11 @@ from kvpool.pool.types import (
 _SLOT_BITS: Final = 32
 _SLOT_MASK: Final = (1 << _SLOT_BITS) - 1
 _MAX_CAPACITY: Final = 1 << _SLOT_BITS
-_serials = count(1)  # shared by every pool in the process: ids are unique across pools
+_ID_STEP: Final = 1 << _SLOT_BITS
+_IDS_PER_RANGE: Final = 1 << 12
+# Pools claim ranges of serials from one process-wide counter, so an id is unique across
+# every pool in the process and the hot path needs no global state.
+_id_ranges = count(1)
 _PIN_TO_REF: Final = 1 - PIN  # added to ``holds``: one pin becomes one reference
 
 
@@ -66,7 +70,9 @@ class BlockPool:
         "_dups",
         "_free",
         "_high",
+        "_id_limit",
         "_lru",
+        "_next_id",
         "_num_copies",
         "_num_inactive",
         "_refs",
@@ -90,6 +96,8 @@ class BlockPool:
         self._num_inactive = 0
         self._reserved = 0
         self._refs = 0  # request references: one per private copy plus cached refs
+        self._id_limit = 0
+        self._next_id = self._take_ids()  # ids are (serial << 32 | slot); serials only grow
 
     def __repr__(self) -> str:
         return (
@@ -138,11 +146,10 @@ class BlockPool:
         """
         if type(fresh) is not int or fresh < 0:
             raise InvalidArgumentError(f"fresh must be an int >= 0, got {fresh!r}")
-        if isinstance(prefix, str | bytes) or not isinstance(prefix, Iterable):
-            raise InvalidArgumentError(f"prefix must be a sequence of ints, got {prefix!r}")
+        hashes = prefix if type(prefix) is list else _as_list(prefix)
         by_hash = self._by_hash
         hits: list[Copy] = []
-        for block_hash in prefix:
+        for block_hash in hashes:
             if type(block_hash) is not int:
                 _bad_hash(block_hash)
             copy = by_hash.get(block_hash)
@@ -215,7 +222,11 @@ class BlockPool:
         else:
             slot = self._high
             self._high = slot + 1
-        block_id = next(_serials) << 32 | slot
+        block_id = self._next_id
+        if block_id >= self._id_limit:
+            block_id = self._take_ids()
+        self._next_id = block_id + _ID_STEP
+        block_id |= slot
         self._slots[slot] = Copy(block_id, None, 1)
         self._reserved -= 1
         self._num_copies += 1
@@ -238,7 +249,11 @@ class BlockPool:
         else:
             slot = self._high
             self._high = slot + 1
-        block_id = next(_serials) << 32 | slot
+        block_id = self._next_id
+        if block_id >= self._id_limit:
+            block_id = self._take_ids()
+        self._next_id = block_id + _ID_STEP
+        block_id |= slot
         copy = Copy(block_id, block_hash, 1)
         self._slots[slot] = copy
         self._reserved -= 1
@@ -331,6 +346,12 @@ class BlockPool:
             reservation._fresh = 0
 
     # -------------------------------------------------------------- internals
+
+    def _take_ids(self) -> int:
+        """Claim the next process-wide range of ids; returns its first (slot-less) id."""
+        first = next(_id_ranges) * _IDS_PER_RANGE * _ID_STEP
+        self._id_limit = first + _IDS_PER_RANGE * _ID_STEP
+        return first
 
     def _add_duplicate(self, block_hash: int, copy: Copy) -> None:
         later = self._dups.get(block_hash)
@@ -501,3 +522,10 @@ def _exhausted(reservation: Reservation) -> NoReturn:
     if reservation._closed:
         _closed(reservation)
     raise ReservationExhaustedError(f"{reservation!r} has no fresh capacity left to allocate")
+
+
+def _as_list(prefix: object) -> list[object]:
+    """A prefix given as any sequence but a list (the fast path), or a caller mistake."""
+    if isinstance(prefix, str | bytes | bytearray) or not isinstance(prefix, Iterable):
+        raise InvalidArgumentError(f"prefix must be a sequence of ints, got {prefix!r}")
+    return list(prefix)
