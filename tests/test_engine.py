@@ -1,0 +1,310 @@
+"""The mock engine's scheduling rules, each pinned by a small scenario on a real pool."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from kvpool.engine import EngineConfig, LocalKvClient, MockEngine, StepResult
+from kvpool.events import BlockRemoved, BlockStored, EventCollector
+from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload, mix_seed
+
+pytestmark = pytest.mark.anyio
+
+
+def spec(name: str, prompt: int, output: int, *, arrival: float = 0.0) -> RequestSpec:
+    """A request whose prompt and output tokens are unique to ``name``."""
+    seed = mix_seed(*name.encode())
+    return RequestSpec(name, arrival, (Segment(seed, prompt),), Segment(mix_seed(seed, 1), output))
+
+
+def make_engine(**overrides: object) -> tuple[MockEngine, LocalKvClient]:
+    config = EngineConfig(**overrides)  # type: ignore[arg-type]
+    kv = LocalKvClient.create(
+        config.num_gpu_blocks,
+        config.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+    )
+    return MockEngine(kv, config), kv
+
+
+async def run_steps(engine: MockEngine) -> list[StepResult]:
+    steps = []
+    while engine.has_work:
+        steps.append(await engine.step())
+    return steps
+
+
+def assert_clean(kv: LocalKvClient) -> None:
+    """No request left in the manager, no block in use, the pool consistent."""
+    pool = kv.manager.pool
+    assert len(kv.manager) == 0
+    assert pool.num_active() == 0
+    assert pool.num_active_refs() == 0
+    pool.check_invariants()
+
+
+async def test_each_step_stays_within_the_token_budget() -> None:
+    engine, kv = make_engine(max_num_batched_tokens=64, num_gpu_blocks=256)
+    for i in range(12):
+        await engine.submit(spec(f"r{i}", 50 + 7 * i, 20))
+    steps = await run_steps(engine)
+    totals = [sum(step.scheduled.values()) for step in steps]
+    assert max(totals) == 64  # the budget is used up when work is queued
+    assert all(0 < total <= 64 for total in totals)
+    assert engine.stats.completed == 12
+    assert_clean(kv)
+
+
+async def test_running_requests_never_exceed_max_num_seqs() -> None:
+    engine, kv = make_engine(max_num_seqs=3, num_gpu_blocks=256)
+    for i in range(10):
+        await engine.submit(spec(f"r{i}", 20, 15))
+    steps = await run_steps(engine)
+    assert max(len(step.scheduled) for step in steps) == 3
+    assert engine.stats.completed == 10
+    assert_clean(kv)
+
+
+async def test_running_requests_are_served_before_waiting_ones() -> None:
+    engine, _ = make_engine(max_num_batched_tokens=32, num_gpu_blocks=256)
+    await engine.submit(spec("old", 8, 10))
+    await engine.step()  # "old" prefilled; it decodes from now on
+    await engine.submit(spec("new", 200, 5))
+    step = await engine.step()
+    assert list(step.scheduled) == ["old", "new"]
+    assert step.scheduled == {"old": 1, "new": 31}
+
+
+async def test_chunked_prefill_splits_a_long_prompt_across_steps() -> None:
+    engine, kv = make_engine(max_num_batched_tokens=64, enable_prefix_caching=False)
+    await engine.submit(spec("long", 150, 3))
+    steps = await run_steps(engine)
+    assert [step.scheduled["long"] for step in steps] == [64, 64, 22, 1, 1]
+    assert_clean(kv)
+
+
+async def test_without_chunked_prefill_a_prompt_runs_whole_or_waits() -> None:
+    engine, kv = make_engine(
+        max_num_batched_tokens=64, enable_chunked_prefill=False, enable_prefix_caching=False
+    )
+    await engine.submit(spec("decoder", 10, 30))
+    await engine.step()  # prefilled: decodes one token per step from now on
+    await engine.submit(spec("whole", 64, 1))  # 64 tokens: never fits beside a decode
+    await engine.submit(spec("behind", 5, 2))  # first come first served: waits too
+    steps = await run_steps(engine)
+    first: dict[str, tuple[int, int]] = {}
+    for index, step in enumerate(steps):
+        for request_id, tokens in step.scheduled.items():
+            first.setdefault(request_id, (index, tokens))
+    decoder_done = next(i for i, step in enumerate(steps) if "decoder" in step.finished)
+    assert first["whole"] == (decoder_done + 1, 64)  # the whole prompt, once alone
+    # "behind" would fit beside the decoder, but waits behind "whole" (FCFS), then for
+    # the budget "whole" used up
+    assert first["behind"] == (decoder_done + 2, 5)
+    assert all(sum(step.scheduled.values()) <= 64 for step in steps)
+    assert_clean(kv)
+
+
+async def test_without_chunked_prefill_a_request_longer_than_a_step_is_rejected() -> None:
+    engine, kv = make_engine(max_num_batched_tokens=64, enable_chunked_prefill=False)
+    assert await engine.submit(spec("fits", 60, 5))  # 60 + 5 - 1 = 64 tokens computed
+    assert not await engine.submit(spec("too-long", 60, 6))
+    assert engine.rejected_ids == ["too-long"]
+    assert "too-long" not in kv.manager
+    await run_steps(engine)
+    assert (engine.stats.completed, engine.stats.rejected) == (1, 1)
+
+
+async def test_a_request_larger_than_the_pool_is_rejected_and_never_allocated() -> None:
+    engine, kv = make_engine(num_gpu_blocks=4, block_size=4)
+    # prompt + output - 1 tokens need KV slots: 13 + 4 - 1 = 16 fit in 4 blocks of 4
+    assert await engine.submit(spec("fits", 13, 4))
+    assert not await engine.submit(spec("too-big", 13, 5))
+    assert "too-big" not in kv.manager
+    await run_steps(engine)
+    stats = engine.stats
+    assert (stats.submitted, stats.completed, stats.rejected) == (2, 1, 1)
+    assert_clean(kv)
+
+
+async def three_requests_filling_the_pool(mode: str) -> tuple[MockEngine, list[StepResult]]:
+    """A, B, C each hold 2 of the 6 blocks; the next block any of them needs is missing."""
+    engine, _ = make_engine(num_gpu_blocks=6, block_size=4, preemption_mode=mode)
+    for name in ("A", "B", "C"):
+        await engine.submit(spec(name, 7, 10))
+    steps = [await engine.step(), await engine.step()]  # prefill 7, decode the 8th
+    assert engine.running
+    assert [r.num_blocks for r in engine.running] == [2, 2, 2]
+    steps.append(await engine.step())  # the 9th token needs a 3rd block each
+    return engine, steps
+
+
+async def test_lifo_preempts_the_newest_running_request() -> None:
+    engine, steps = await three_requests_filling_the_pool("lifo")
+    assert steps[-1].preempted == ["C"]
+    assert list(steps[-1].scheduled) == ["A", "B"]
+    victim = engine.waiting[0]
+    assert (victim.request_id, victim.num_computed, victim.num_blocks) == ("C", 0, 0)
+    assert [r.request_id for r in engine.running] == ["A", "B"]
+
+
+async def test_fifo_preempts_the_oldest_running_request() -> None:
+    engine, steps = await three_requests_filling_the_pool("fifo")
+    assert steps[-1].preempted == ["A"]
+    assert list(steps[-1].scheduled) == ["B", "C"]
+    assert engine.waiting[0].request_id == "A"
+
+
+async def test_a_preempted_request_goes_to_the_front_of_the_queue_and_finishes() -> None:
+    engine, steps = await three_requests_filling_the_pool("lifo")
+    await engine.submit(spec("D", 3, 2))
+    assert [r.request_id for r in engine.waiting] == ["C", "D"]
+    steps += await run_steps(engine)
+    admitted = [rid for step in steps[3:] for rid in step.scheduled if rid in ("C", "D")]
+    assert admitted[0] == "C"
+    assert engine.stats.completed == 4
+    assert engine.stats.preemptions == sum(len(step.preempted) for step in steps) >= 1
+
+
+async def test_no_request_is_admitted_in_a_step_that_preempted() -> None:
+    engine, _ = make_engine(num_gpu_blocks=6, block_size=4)
+    for name in ("A", "B", "C", "D"):
+        await engine.submit(spec(name, 7, 10))
+    preempting = 0
+    while engine.has_work:
+        running_before = {request.request_id for request in engine.running}
+        step = await engine.step()
+        if step.preempted:
+            preempting += 1
+            assert set(step.scheduled) <= running_before
+    assert preempting > 0
+    assert engine.stats.completed == 4
+
+
+async def test_decode_grows_the_block_table_one_block_at_a_time() -> None:
+    engine, kv = make_engine(block_size=4, num_gpu_blocks=64)
+    await engine.submit(spec("r", 5, 20))
+    request = engine.waiting[0]
+    seen = []
+    while engine.has_work:
+        await engine.step()
+        if request.finish_s is None:
+            seen.append(request.num_blocks)
+            assert request.num_blocks == math.ceil(request.num_computed / 4)
+            assert kv.manager.num_blocks("r") == request.num_blocks
+    assert seen == sorted(seen)
+    assert seen[-1] == math.ceil((5 + 20 - 1) / 4)
+    assert all(b - a <= 1 for a, b in itertools.pairwise(seen))
+
+
+async def test_blocks_become_visible_only_once_computed() -> None:
+    collector = EventCollector()
+    config = EngineConfig(block_size=4, num_gpu_blocks=64, max_num_batched_tokens=8)
+    kv = LocalKvClient.create(64, 4)
+    engine = MockEngine(kv, config, rank=3, sink=collector, epoch=1000.0)
+    await engine.submit(spec("r", 18, 3))
+    stored_per_step = []
+    while engine.has_work:
+        before = len(collector.batches)
+        await engine.step()
+        new = collector.batches[before:]
+        assert len(new) <= 1  # one batch per step at most
+        stored_per_step.append(
+            sum(len(e.block_hashes) for b in new for e in b.events if isinstance(e, BlockStored))
+        )
+    # 8 + 8 + 2 prompt tokens, then decode: the 5th block fills with the 20th token
+    assert stored_per_step == [2, 2, 0, 0, 1]
+    assert all(b.data_parallel_rank == 3 for b in collector.batches)
+    assert [b.ts for b in collector.batches] == sorted(b.ts for b in collector.batches)
+    assert collector.batches[0].ts > 1000.0
+
+
+async def test_event_stream_is_a_valid_router_history_under_pressure() -> None:
+    collector = EventCollector()
+    config = EngineConfig(num_gpu_blocks=192, block_size=16, max_num_batched_tokens=512)
+    kv = LocalKvClient.create(192, 16)
+    engine = MockEngine(kv, config, sink=collector)
+    for request in SyntheticWorkload(seed=3, num_sessions=12).requests():
+        await engine.submit(request)
+    await run_steps(engine)
+    assert engine.stats.evictions > 0
+    assert engine.stats.preemptions > 0
+    resident: set[int] = set()
+    for batch in collector.batches:
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                parent = event.parent_block_hash
+                assert parent is None or parent in resident  # parent stored before child
+                for block_hash in event.block_hashes:
+                    assert block_hash not in resident  # never stored twice while resident
+                    resident.add(block_hash)
+                assert len(event.token_ids) == 16 * len(event.block_hashes)
+            else:
+                assert isinstance(event, BlockRemoved)
+                assert set(event.block_hashes) <= resident  # removed only if stored
+                resident -= set(event.block_hashes)
+    assert engine.stats.events_published == len(collector.batches) <= engine.stats.steps
+
+
+async def test_an_idle_engine_reads_zero_usage_and_leaks_nothing() -> None:
+    engine, kv = make_engine(num_gpu_blocks=128, max_num_batched_tokens=256)
+    for request in SyntheticWorkload(seed=1, num_sessions=10).requests():
+        await engine.submit(request)
+    await run_steps(engine)
+    usage = await engine.final_usage()
+    assert usage.num_active == 0
+    assert usage.fraction == 0.0
+    assert usage.num_inactive > 0  # the cache is kept, just not in use
+    assert engine.stats.usage[-1] == 0.0
+    assert max(engine.stats.usage) > 0.5
+    assert_clean(kv)
+
+
+async def test_engine_counters_agree_with_the_manager() -> None:
+    engine, kv = make_engine(num_gpu_blocks=160, max_num_batched_tokens=512)
+    requests = SyntheticWorkload(seed=2, num_sessions=15).requests()
+    for request in requests:
+        await engine.submit(request)
+    await run_steps(engine)
+    stats, manager = engine.stats, kv.manager.stats()
+    assert stats.preemptions == manager.preemptions > 0
+    assert stats.evictions == manager.evictions > 0
+    assert stats.prefix_query_tokens == manager.prefix_query_tokens
+    assert stats.prefix_hit_tokens == manager.prefix_hit_tokens > 0
+    served = [r for r in requests if r.request_id not in engine.rejected_ids]
+    assert stats.completed + stats.rejected == stats.submitted == len(requests)
+    assert stats.generated_tokens == sum(r.output_length for r in served)
+    assert stats.prompt_tokens == sum(r.input_length for r in served)
+    assert_clean(kv)
+
+
+async def test_prefix_caching_off_reuses_nothing() -> None:
+    engine, kv = make_engine(num_gpu_blocks=256, enable_prefix_caching=False)
+    for request in SyntheticWorkload(seed=4, num_sessions=5).requests():
+        await engine.submit(request)
+    await run_steps(engine)
+    assert engine.stats.prefix_hit_tokens == engine.stats.prefix_query_tokens == 0
+    assert kv.manager.pool.num_inactive() == 0  # nothing was ever cached
+    assert_clean(kv)
+
+
+async def test_shared_prefixes_hit_the_cache() -> None:
+    engine, _ = make_engine(block_size=4, num_gpu_blocks=64)
+    shared = Segment(12345, 40)
+    first = RequestSpec("a", 0.0, (shared, Segment(1, 3)), Segment(2, 2))
+    second = RequestSpec("b", 0.0, (shared, Segment(3, 5)), Segment(4, 2))
+    await engine.submit(first)
+    await run_steps(engine)
+    await engine.submit(second)
+    await run_steps(engine)
+    # b reuses the 10 full blocks of the shared 40 tokens
+    assert engine.stats.prefix_hit_tokens == 40
+
+
+async def test_a_mismatched_kv_client_is_refused() -> None:
+    kv = LocalKvClient.create(10, 16)
+    with pytest.raises(ValueError, match="10 blocks of 16"):
+        MockEngine(kv, EngineConfig(num_gpu_blocks=11, block_size=16))
