@@ -164,6 +164,36 @@ def test_replay_keeps_only_the_last_buffer_steps_batches(
         assert [seq_of(s) for s, _ in replay(ctx, pub.replay_endpoint or "", 0)] == [2, 3, 4]
 
 
+def test_a_replay_longer_than_zmqs_default_high_water_mark_arrives_whole(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """ROUTER drops what exceeds a peer's high-water mark (1000 by default) instead of
+    blocking; the publisher raises it so a whole buffer fits even for a client that only
+    starts reading once the replay was sent."""
+    steps = 3_000
+    big = KVEventBatch(
+        ts=0.0, events=[BlockRemoved(block_hashes=list(range(1 << 20, (1 << 20) + 600)))]
+    )
+    with (
+        ZmqEventPublisher(
+            endpoint=LOOPBACK, replay_endpoint=LOOPBACK, buffer_steps=steps, context=ctx
+        ) as pub,
+        guarded(ctx, zmq.DEALER) as slow,
+    ):
+        for _ in range(steps):
+            pub.publish(big)
+        slow.rcvhwm = 10
+        slow.connect(pub.replay_endpoint or "")
+        slow.send_multipart([b"", (0).to_bytes(8, "big")])
+        # Requests are served one at a time, in arrival order: once this later one is
+        # answered, the slow client's replay has (normally) been sent while it read nothing.
+        assert replay(ctx, pub.replay_endpoint or "", steps) == []
+        received = 0
+        while slow.recv_multipart()[1] != END_SEQ:
+            received += 1
+    assert received == steps
+
+
 def test_req_socket_gets_the_first_replay_message(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     """A REQ client (its delimiter added by ZMQ) is served too, one message per request:
     REQ accepts a single reply, so whole replays need a DEALER."""
