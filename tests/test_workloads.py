@@ -1,0 +1,196 @@
+"""Workloads: the synthetic default, Mooncake trace parsing and its error messages."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kvpool.errors import TraceError
+from kvpool.workloads import (
+    RequestSpec,
+    Segment,
+    SyntheticWorkload,
+    default_workload,
+    parse_mooncake_lines,
+    read_mooncake_trace,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_TRACE = ROOT / "kvpool" / "data" / "sample_trace.jsonl"
+
+
+def record(**fields: object) -> str:
+    base: dict[str, object] = {
+        "timestamp": 0,
+        "input_length": 600,
+        "output_length": 5,
+        "hash_ids": [1, 2],
+    }
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not ...})
+
+
+# ------------------------------------------------------------------ segments and specs
+
+
+def test_segment_tokens_are_deterministic_u32_and_sliceable() -> None:
+    segment = Segment(2**32 - 3, 6)  # wraps around 2**32
+    tokens = segment.tokens()
+    assert tokens == [2**32 - 3, 2**32 - 2, 2**32 - 1, 0, 1, 2]
+    assert segment.tokens(2, 4) == tokens[2:4]
+    assert [segment.token(j) for j in range(6)] == tokens
+
+
+def test_request_spec_concatenates_its_segments() -> None:
+    spec = RequestSpec("r", 1.5, (Segment(10, 3), Segment(100, 2)), Segment(7, 4))
+    assert spec.input_length == 5
+    assert spec.output_length == 4
+    assert spec.prompt_token_ids() == [10, 11, 12, 100, 101]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "output", "arrival", "message"),
+    [
+        ((), Segment(1, 1), 0.0, "at least 1 token|>= 1 token"),
+        ((Segment(1, 3),), Segment(1, 0), 0.0, "output_length"),
+        ((Segment(1, 3),), Segment(1, 1), -1.0, "arrival"),
+        ((Segment(1, -3), Segment(2, 5)), Segment(1, 1), 0.0, "negative"),
+    ],
+)
+def test_request_spec_refuses_impossible_requests(
+    prompt: tuple[Segment, ...], output: Segment, arrival: float, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        RequestSpec("bad", arrival, prompt, output)
+
+
+# ---------------------------------------------------------------------- synthetic
+
+
+def test_the_default_workload_is_seeded() -> None:
+    first = default_workload(seed=7)
+    assert first == default_workload(seed=7)
+    assert first != default_workload(seed=8)
+    arrivals = [r.arrival_s for r in first]
+    assert arrivals == sorted(arrivals)
+    assert len({r.request_id for r in first}) == len(first)
+
+
+def test_a_session_turn_extends_the_previous_turn_and_its_answer() -> None:
+    requests = {r.request_id: r for r in SyntheticWorkload(seed=5, num_sessions=30).requests()}
+    later = [r for r in requests.values() if not r.request_id.endswith("-t0")]
+    assert later, "the mix has multi-turn sessions"
+    for request in later:
+        session, turn = request.request_id.rsplit("-t", 1)
+        previous = requests[f"{session}-t{int(turn) - 1}"]
+        context = previous.prompt_token_ids() + previous.output.tokens()
+        assert request.prompt_token_ids()[: len(context)] == context
+        assert request.arrival_s > previous.arrival_s
+
+
+def test_sessions_share_system_prompts() -> None:
+    requests = SyntheticWorkload(seed=0, num_sessions=40, num_system_prompts=3).requests()
+    first_segments = {r.prompt[0] for r in requests}
+    assert len(first_segments) <= 3
+    assert len(requests) > 3 * len(first_segments)
+
+
+# ------------------------------------------------------------------------ mooncake
+
+
+def test_mooncake_records_become_requests_with_shared_prefixes() -> None:
+    lines = [
+        record(timestamp=2500, input_length=1100, output_length=3, hash_ids=[7, 8, 9]),
+        "",
+        record(timestamp=1000, input_length=700, output_length=9, hash_ids=[7, 4]),
+    ]
+    late, early = None, None
+    for request in parse_mooncake_lines(lines, source="t.jsonl"):
+        if request.request_id == "line-1":
+            late = request
+        else:
+            early = request
+    assert late is not None
+    assert early is not None
+    assert (early.arrival_s, late.arrival_s) == (1.0, 2.5)
+    assert (early.input_length, late.input_length) == (700, 1100)
+    assert (early.output_length, late.output_length) == (9, 3)
+    assert [s.length for s in late.prompt] == [512, 512, 76]
+    # equal ids, equal tokens: the first 512 tokens are shared, the next are not
+    assert early.prompt_token_ids()[:512] == late.prompt_token_ids()[:512]
+    assert early.prompt_token_ids()[512:600] != late.prompt_token_ids()[512:600]
+
+
+def test_requests_come_out_in_timestamp_order() -> None:
+    lines = [record(timestamp=t) for t in (30, 10, 20, 10)]
+    requests = parse_mooncake_lines(lines)
+    assert [r.request_id for r in requests] == ["line-2", "line-4", "line-3", "line-1"]
+
+
+def test_the_trace_block_size_sets_how_many_ids_a_prompt_needs() -> None:
+    [request] = parse_mooncake_lines(
+        [record(input_length=40, hash_ids=[1, 2, 3])], trace_block_size=16
+    )
+    assert [s.length for s in request.prompt] == [16, 16, 8]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "not a JSON object"),
+        ("[1, 2, 3]", "Expected `object`"),
+        (record(hash_ids=...), "missing required field `hash_ids`"),
+        (record(session_id=4), "unknown field `session_id`"),
+        (record(input_length=-5), "input_length must be >= 1, got -5"),
+        (record(output_length=-1), "output_length must be >= 1, got -1"),
+        (record(output_length=0), "output_length must be >= 1, got 0"),
+        (record(timestamp=-3), "timestamp must be >= 0"),
+        (record(timestamp="soon"), "Expected `int | float`, got `str`"),
+        (record(input_length=6.5), "Expected `int`, got `float`"),
+        (record(hash_ids=[1]), "hash_ids holds 1 ids but input_length 600 needs 2"),
+        (record(hash_ids=[1, 2, 3]), "hash_ids holds 3 ids"),
+        (record(hash_ids=[1, -2]), r"hash_ids must be ints in \[0, 2\*\*64\)"),
+        (record(hash_ids=[1, 2**64]), r"hash_ids must be ints in \[0, 2\*\*64\)"),
+    ],
+)
+def test_a_bad_line_is_named_with_its_number(line: str, message: str) -> None:
+    lines = [record(), "", line, record()]
+    with pytest.raises(TraceError, match=message) as caught:
+        parse_mooncake_lines(lines, source="bad.jsonl")
+    assert caught.value.line == 3
+    assert str(caught.value).startswith("bad.jsonl:3: ")
+
+
+def test_an_empty_trace_is_an_error() -> None:
+    with pytest.raises(TraceError, match="no request"):
+        parse_mooncake_lines(["", "  "], source="empty.jsonl")
+
+
+def test_a_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="cannot read the trace") as caught:
+        read_mooncake_trace(tmp_path / "nope.jsonl")
+    assert caught.value.line is None
+
+
+def test_a_bad_trace_block_size_is_an_error() -> None:
+    with pytest.raises(TraceError, match="trace block size"):
+        parse_mooncake_lines([record()], trace_block_size=0)
+
+
+def test_the_shipped_sample_trace_reads_and_is_reproducible() -> None:
+    requests = read_mooncake_trace(SAMPLE_TRACE)
+    assert 200 <= len(requests) <= 1000
+    first_blocks = [r.prompt[0] for r in requests]
+    assert len(set(first_blocks)) < len(first_blocks) / 10  # shared prefixes
+    spec = importlib.util.spec_from_file_location(
+        "make_sample_trace", ROOT / "benchmarks" / "make_sample_trace.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    regenerated = "".join(line + "\n" for line in module.sample_trace_lines())
+    assert SAMPLE_TRACE.read_text() == regenerated
