@@ -297,6 +297,9 @@ def test_endpoint_in_use_raises_and_leaves_nothing_open(
         {"linger_ms": 1.5},
         {"topic": b"bytes"},
         {"endpoint": "ipc:///tmp/kv", "data_parallel_rank": 1},
+        {"endpoint": ""},
+        {"replay_endpoint": ""},
+        {"endpoint": None},
     ],
 )
 def test_bad_arguments_raise_before_opening_anything(

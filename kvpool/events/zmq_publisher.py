@@ -9,7 +9,8 @@ Wire protocol (vLLM ``vllm/distributed/kv_events.py``, ``ZmqEventPublisher``):
   8-byte big-endian start sequence number (``[b"", start]`` from a DEALER, or just
   ``start`` from a REQ, which adds the empty delimiter itself): it sends one message
   ``[b"", seq, payload]`` per buffered batch with ``seq >= start``, oldest first, then
-  the end marker ``[b"", (-1).to_bytes(8, "big", signed=True), b""]``. Malformed
+  the end marker ``[b"", (-1).to_bytes(8, "big", signed=True), b""]`` (a REQ socket
+  accepts only the first of those messages, so whole replays need a DEALER). Malformed
   requests (not exactly identity, delimiter, start) are logged and ignored, as in vLLM;
 - ``data_parallel_rank`` fills the batch's field when the batch leaves it None, and
   offsets the endpoint: ``tcp://host:5557`` becomes ``tcp://host:5557+rank``,
@@ -132,6 +133,14 @@ class ZmqEventPublisher:
         _check_count("linger_ms", linger_ms, 0)
         if not isinstance(topic, str):
             raise InvalidArgumentError(f"topic must be a str, got {topic!r}")
+        if not isinstance(endpoint, str) or not endpoint:
+            raise InvalidArgumentError(f"endpoint must be a non-empty str, got {endpoint!r}")
+        if replay_endpoint is not None and (
+            not isinstance(replay_endpoint, str) or not replay_endpoint
+        ):
+            raise InvalidArgumentError(
+                f"replay_endpoint must be None or a non-empty str, got {replay_endpoint!r}"
+            )
         pub_endpoint = offset_endpoint_port(endpoint, data_parallel_rank)
         replay_at = offset_endpoint_port(replay_endpoint, data_parallel_rank)
         assert pub_endpoint is not None  # only None maps to None
