@@ -115,9 +115,10 @@ class ZmqEventPublisher:
     ) -> None:
         """Create the sockets (bound or connected) and, with a replay endpoint, its thread.
 
-        ``buffer_steps`` batches are kept for replay; ``hwm`` is the PUB send high-water
-        mark; ``linger_ms`` is how long unsent frames survive `close`; ``context``
-        defaults to pyzmq's shared ``zmq.Context.instance()``. Raises ``ImportError``
+        ``buffer_steps`` batches are kept for replay; ``hwm`` is the PUB high-water mark;
+        ``bind`` forces binding (True) or connecting (False) instead of vLLM's rule;
+        ``linger_ms`` is how long unsent frames survive `close`; ``context`` defaults to
+        pyzmq's shared ``zmq.Context.instance()``. Raises ``ImportError``
         without pyzmq, `InvalidArgumentError` for a bad argument, and ``zmq.ZMQError`` if
         an endpoint cannot be bound or connected (nothing is left open then).
         """
@@ -161,7 +162,8 @@ class ZmqEventPublisher:
         try:
             self._pub.set_hwm(hwm)
             self._pub.linger = linger_ms
-            if _binds(pub_endpoint) if bind is None else bind:
+            binds = _binds(pub_endpoint) if bind is None else bind
+            if binds:
                 self._pub.bind(pub_endpoint)
                 self._endpoint = self._pub.get_string(zmq.LAST_ENDPOINT)
             else:
