@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import count
-from typing import Final, NoReturn
+from typing import Final, NoReturn, cast
 
 from kvpool.errors import (
     AlreadyCachedError,
@@ -87,8 +87,10 @@ class BlockPool:
         self._slots: list[Copy | None] = [None] * capacity
         self._free: list[int] = []  # released slots below `_high`, reused LIFO
         self._high = 0  # slots at or above this index were never used
-        self._by_hash: dict[int, Copy] = {}
-        self._dups: dict[int, list[Copy]] = {}  # never holds an empty list
+        # Hashes travel as the caller's int objects (typed object): narrowing one to int
+        # would make the compiled code unbox it and box a fresh copy for every store.
+        self._by_hash: dict[object, Copy] = {}
+        self._dups: dict[object, list[Copy]] = {}  # never holds an empty list
         sentinel = Copy(-1, None, -1)  # never inactive, never evicted
         sentinel.prev = sentinel.next = sentinel
         self._lru = sentinel
@@ -114,11 +116,12 @@ class BlockPool:
 
     def prefix_hit(self, block_hash: object) -> PrefixHit | None:
         """Whether ``block_hash`` is resident, and whether its first copy is in use."""
-        if type(block_hash) is not int:
+        try:
+            copy = self._by_hash.get(block_hash)
+        except TypeError:  # unhashable
             _bad_hash(block_hash)
-        copy = self._by_hash.get(block_hash)
-        if copy is None:
-            if not 0 <= block_hash <= MAX_HASH:  # a resident hash is in range already
+        if copy is None or type(block_hash) is not int:
+            if not _is_hash(block_hash):  # a resident hash was range-checked already
                 _bad_hash(block_hash)
             return None
         return ACTIVE_HIT if copy.holds else INACTIVE_HIT
@@ -150,11 +153,12 @@ class BlockPool:
         by_hash = self._by_hash
         hits: list[Copy] = []
         for block_hash in hashes:
-            if type(block_hash) is not int:
+            try:
+                copy = by_hash.get(block_hash)
+            except TypeError:  # unhashable
                 _bad_hash(block_hash)
-            copy = by_hash.get(block_hash)
-            if copy is None:
-                if not 0 <= block_hash <= MAX_HASH:
+            if copy is None or type(block_hash) is not int:
+                if not _is_hash(block_hash):
                     _bad_hash(block_hash)
                 raise PrefixNotResidentError(
                     f"prefix hash {block_hash} is not resident; look a prefix up with "
@@ -185,11 +189,11 @@ class BlockPool:
             copy.holds = holds + PIN
         self._num_inactive -= unlinked
 
-        removed: list[int] = []
+        removed: list[object] = []
         if needed > 0:
             self._evict(needed, removed)
         self._reserved += fresh
-        return ReserveOutcome(Reservation(self, hits, fresh), removed)
+        return ReserveOutcome(Reservation(self, hits, fresh), cast("list[int]", removed))
 
     def activate_prefix(self, reservation: object) -> list[BlockId]:
         """Turn the reservation's prefix pins into request references, root first."""
@@ -240,7 +244,7 @@ class BlockPool:
         fresh = reservation._fresh
         if fresh <= 0:
             _exhausted(reservation)
-        if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+        if not _is_hash(block_hash):
             _bad_hash(block_hash)
         reservation._fresh = fresh - 1
         free = self._free
@@ -277,7 +281,7 @@ class BlockPool:
                 f"block {block_id} is already cached (hash {copy.hash}); "
                 "only a private copy can enter the prefix cache"
             )
-        if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
+        if not _is_hash(block_hash):
             _bad_hash(block_hash)
         copy.hash = block_hash
         if self._by_hash.setdefault(block_hash, copy) is copy:
@@ -353,14 +357,14 @@ class BlockPool:
         self._id_limit = first + _IDS_PER_RANGE * _ID_STEP
         return first
 
-    def _add_duplicate(self, block_hash: int, copy: Copy) -> None:
+    def _add_duplicate(self, block_hash: object, copy: Copy) -> None:
         later = self._dups.get(block_hash)
         if later is None:
             self._dups[block_hash] = [copy]
         else:
             later.append(copy)
 
-    def _evict(self, count: int, removed: list[int]) -> None:
+    def _evict(self, count: int, removed: list[object]) -> None:
         """Evict ``count`` copies from the LRU head; a hash is removed on its last copy."""
         sentinel = self._lru
         slots = self._slots
@@ -372,7 +376,7 @@ class BlockPool:
             slot = copy.id & _SLOT_MASK  # type: ignore[union-attr]
             slots[slot] = None
             free.append(slot)
-            block_hash: int = copy.hash  # type: ignore[union-attr, assignment]
+            block_hash = copy.hash  # type: ignore[union-attr]
             if dups and block_hash in dups:
                 later = dups[block_hash]
                 if by_hash[block_hash] is copy:
@@ -529,3 +533,8 @@ def _as_list(prefix: object) -> list[object]:
     if isinstance(prefix, str | bytes | bytearray) or not isinstance(prefix, Iterable):
         raise InvalidArgumentError(f"prefix must be a sequence of ints, got {prefix!r}")
     return list(prefix)
+
+
+def _is_hash(value: object) -> bool:
+    """An int in [0, 2**64). A function, so callers keep the caller's int object as is."""
+    return type(value) is int and 0 <= value <= MAX_HASH

@@ -11,7 +11,7 @@ REF_MASK: Final = PIN - 1
 
 
 class Copy:
-    """A physical copy: private (``hash is None``) or cached (findable by ``hash``).
+    """A physical copy: private (``hash is None``) or cached (findable by ``hash``, an int).
 
     ``holds`` counts request references in its low 32 bits and unactivated reservation
     pins above them; a private copy holds exactly one reference. A cached copy is linked
@@ -21,7 +21,7 @@ class Copy:
 
     __slots__ = ("hash", "holds", "id", "next", "prev")
 
-    def __init__(self, id: int, hash: int | None, holds: int) -> None:
+    def __init__(self, id: int, hash: object, holds: int) -> None:
         self.id = id
         self.hash = hash
         self.holds = holds
