@@ -6,7 +6,8 @@ the pool actor calls it, and it queues the router-visible KV events for someone 
 Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV events"):
 - A request's *first* allocation (empty block table) walks its full-block hashes until
   the first miss and reuses that cached prefix, capped as vLLM caps it so that at least
-  the request's last token is computed: at most ``(num_tokens - 1) // block_size`` blocks.
+  the request's last token is computed: at most ``(len(tokens) - 1) // block_size``
+  blocks (vLLM's ``max_cache_hit_length = num_tokens - 1``).
   Later allocations take only fresh blocks; the API has no way to pass a prefix to them.
 - An allocation is ``reserve(prefix, fresh)``, one BlockRemoved event for the hashes the
   reserve evicted, ``activate_prefix``, ``allocate_private`` per fresh block, then
@@ -19,7 +20,7 @@ Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV ev
   is the first block's parent, and a block whose hash was already visible splits it.
 - Preemption and completion release the table leaf first, so the leaf is evicted first.
 - With ``enable_prefix_caching=False`` nothing is hashed, reused or cached: every block
-  stays private, no event is ever queued, and the prefix counters stay 0.
+  stays private, no event is ever queued, and no prefix hit is counted (queries are).
 """
 
 from __future__ import annotations
