@@ -1,0 +1,383 @@
+"""``kvpool simulate`` end to end, in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from kvpool.events import decode_batch
+from kvpool.workloads import SyntheticWorkload, read_mooncake_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_TRACE = ROOT / "kvpool" / "data" / "sample_trace.jsonl"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def kvpool(*args: str, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m kvpool ARGS`` with this interpreter; capture text output."""
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.run(
+        [sys.executable, "-m", "kvpool", *args],
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=ROOT,
+        **kwargs,
+    )
+
+
+def check_consistent(report: dict[str, Any], submitted: int, workers: int) -> None:
+    """The report's numbers agree with each other and with the workload."""
+    total = report["total"]
+    assert total["requests_submitted"] == submitted
+    assert total["requests_completed"] + total["requests_rejected"] == submitted
+    assert len(report["workers"]) == workers
+    columns = [*report["workers"], total]
+    for column in columns:
+        assert (
+            column["requests_completed"] + column["requests_rejected"]
+            == (column["requests_submitted"])
+        )
+        assert 0 <= column["prefix_cache_hits"] <= column["prefix_cache_queries"]
+        assert column["leaked_blocks"] == 0
+        usage = column["kv_usage"]
+        assert 0 <= usage["p50"] <= usage["p99"] <= usage["max"] <= 1
+        assert usage["mean"] <= usage["max"]
+    for key in (
+        "requests_submitted",
+        "requests_completed",
+        "requests_rejected",
+        "prompt_tokens",
+        "generated_tokens",
+        "prefix_cache_hits",
+        "prefix_cache_queries",
+        "preemptions",
+        "evictions",
+        "steps",
+    ):
+        assert total[key] == sum(worker[key] for worker in report["workers"]), key
+    assert report["simulated_s"] == max(worker["simulated_s"] for worker in report["workers"])
+
+
+def test_the_embedded_default_runs_under_pressure_and_reports_consistently() -> None:
+    result = kvpool("simulate", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    check_consistent(report, len(SyntheticWorkload().requests()), workers=1)
+    total = report["total"]
+    # the default flags promise real pressure on the cache
+    assert total["preemptions"] > 0
+    assert total["evictions"] > 0
+    assert total["kv_usage"]["max"] == 1.0
+    assert total["prefix_cache_hit_rate"] > 0.2
+    assert "prefix cache hit rate" in result.stderr  # the text report moved to stderr
+    assert "\r[" not in result.stderr  # no progress bar when stderr is not a terminal
+
+
+def test_the_shipped_trace_runs_on_two_workers(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    result = kvpool(
+        "simulate",
+        "--trace",
+        str(SAMPLE_TRACE),
+        "--workers",
+        "2",
+        "--dispatch",
+        "round-robin",
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    submitted = len(read_mooncake_trace(SAMPLE_TRACE))
+    check_consistent(report, submitted, workers=2)
+    per_worker = [w["requests_submitted"] for w in report["workers"]]
+    assert abs(per_worker[0] - per_worker[1]) <= 1  # round robin
+    assert report["total"]["prefix_cache_hits"] > 0
+    assert report["settings"]["workers"] == 2
+    assert "worker 1" in result.stdout  # the text report went to stdout
+
+
+def test_data_parallel_size_is_an_alias_of_workers() -> None:
+    result = kvpool("simulate", "--sessions", "8", "--data-parallel-size", "3", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    check_consistent(report, len(SyntheticWorkload(num_sessions=8).requests()), workers=3)
+
+
+def test_a_request_larger_than_the_pool_is_counted_as_rejected() -> None:
+    result = kvpool("simulate", "--sessions", "10", "--num-gpu-blocks", "100", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    requests = SyntheticWorkload(num_sessions=10).requests()
+    too_big = sum(1 for r in requests if -(-(r.input_length + r.output_length - 1) // 16) > 100)
+    assert too_big > 0
+    assert report["total"]["requests_rejected"] == too_big
+    check_consistent(report, len(requests), workers=1)
+
+
+def test_the_plot_is_a_png(tmp_path: Path) -> None:
+    image = tmp_path / "usage.png"
+    result = kvpool("simulate", "--sessions", "10", "--workers", "2", "--plot", str(image))
+    assert result.returncode == 0, result.stderr
+    data = image.read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(image))
+    assert pixels.shape[0] > 100
+    assert pixels.shape[1] > 100
+
+
+def test_a_bad_trace_line_fails_before_anything_runs(tmp_path: Path) -> None:
+    trace = tmp_path / "bad.jsonl"
+    good = SAMPLE_TRACE.read_text().splitlines()
+    bad = '{"timestamp": 5, "input_length": -1, "output_length": 4, "hash_ids": []}'
+    trace.write_text("\n".join([good[0], good[1], bad, *good[2:10]]))
+    out = tmp_path / "report.json"
+    result = kvpool("simulate", "--trace", str(trace), "--json", str(out))
+    assert result.returncode == 1
+    assert f"{trace}:3:" in result.stderr
+    assert "input_length must be >= 1, got -1" in result.stderr
+    assert result.stdout == ""
+    assert not out.exists()
+
+
+def test_an_unknown_field_is_named(tmp_path: Path) -> None:
+    trace = tmp_path / "extra.jsonl"
+    line = json.loads(SAMPLE_TRACE.read_text().splitlines()[0])
+    line["priority"] = 1
+    trace.write_text(json.dumps(line) + "\n")
+    result = kvpool("simulate", "--trace", str(trace))
+    assert result.returncode == 1
+    assert f"{trace}:1: bad record: Object contains unknown field `priority`" in result.stderr
+
+
+def test_a_missing_trace_file_is_an_error(tmp_path: Path) -> None:
+    result = kvpool("simulate", "--trace", str(tmp_path / "missing.jsonl"))
+    assert result.returncode == 1
+    assert "cannot read the trace" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num-gpu-blocks", "0"], "must be >= 1"),
+        (["--block-size", "x"], "not an integer"),
+        (["--speedup-ratio", "-1"], "must be a finite number >= 0"),
+        (["--preemption-mode", "random"], "invalid choice"),
+        (["--loop", "gevent"], "invalid choice"),
+    ],
+)
+def test_a_bad_flag_is_a_usage_error(flags: list[str], message: str) -> None:
+    result = kvpool("simulate", *flags)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_help_documents_every_flag() -> None:
+    result = kvpool("simulate", "--help")
+    assert result.returncode == 0
+    for flag in (
+        "--trace",
+        "--trace-block-size",
+        "--seed",
+        "--sessions",
+        "--num-gpu-blocks",
+        "--block-size",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--preemption-mode",
+        "--step-overhead-ms",
+        "--prefill-us-per-token",
+        "--decode-us-per-seq",
+        "--workers",
+        "--data-parallel-size",
+        "--dispatch",
+        "--speedup-ratio",
+        "--zmq-kv-event-port",
+        "--zmq-kv-event-host",
+        "--loop",
+        "--json",
+        "--plot",
+        "--no-progress",
+    ):
+        assert flag in result.stdout, flag
+
+
+def test_no_command_prints_usage() -> None:
+    result = kvpool()
+    assert result.returncode == 2
+    assert "simulate" in result.stderr
+
+
+def test_the_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "kvpool"
+    result = subprocess.run(
+        [str(script), "simulate", "--help"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0
+    assert "--num-gpu-blocks" in result.stdout
+
+
+def test_every_event_loop_gives_the_same_simulation() -> None:
+    reports = []
+    for loop in ("asyncio", "uvloop", "trio"):
+        result = kvpool(
+            "simulate", "--sessions", "15", "--workers", "2", "--loop", loop, "--json", "-"
+        )
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        for key in ("wall_s", "requests_per_wall_s", "settings"):
+            del report[key]
+        reports.append(report)
+    assert reports[0] == reports[1] == reports[2]
+
+
+def test_switches_change_the_simulation() -> None:
+    def run(*flags: str) -> dict[str, Any]:
+        result = kvpool("simulate", "--sessions", "20", "--json", "-", *flags)
+        assert result.returncode == 0, result.stderr
+        report: dict[str, Any] = json.loads(result.stdout)
+        check_consistent(report, len(SyntheticWorkload(num_sessions=20).requests()), 1)
+        total: dict[str, Any] = report["total"]
+        return total
+
+    no_caching = run("--no-enable-prefix-caching")
+    assert no_caching["prefix_cache_queries"] == no_caching["prefix_cache_hits"] == 0
+    no_chunking = run("--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096")
+    assert no_chunking["requests_completed"] > 0
+    fifo = run("--preemption-mode", "fifo", "--num-gpu-blocks", "400")
+    assert fifo["preemptions"] > 0
+
+
+def free_port_pair() -> int:
+    """A port P on loopback such that P and P + 1 were both free a moment ago."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no free pair of ports")
+
+
+def test_kv_events_are_published_over_zmq_per_worker() -> None:
+    import zmq
+
+    port = free_port_pair()
+    ctx = zmq.Context()
+    subscribers = []
+    try:
+        for rank in range(2):
+            sub = ctx.socket(zmq.SUB)
+            sub.linger = 0
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(f"tcp://127.0.0.1:{port + rank}")  # ZMQ retries until it binds
+            subscribers.append(sub)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kvpool",
+                "simulate",
+                "--sessions",
+                "12",
+                "--workers",
+                "2",
+                "--speedup-ratio",
+                "20",
+                "--zmq-kv-event-port",
+                str(port),
+                "--zmq-kv-event-host",
+                "127.0.0.1",
+                "--json",
+                "-",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+        )
+        received: list[list[tuple[int, Any]]] = [[], []]
+        poller = zmq.Poller()
+        for sub in subscribers:
+            poller.register(sub, zmq.POLLIN)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ready = dict(poller.poll(100))
+            for rank, sub in enumerate(subscribers):
+                while sub in ready and sub.poll(0):
+                    topic, seq, payload = sub.recv_multipart()
+                    assert topic == b""
+                    received[rank].append((int.from_bytes(seq, "big"), decode_batch(payload)))
+            if process.poll() is not None and not ready:
+                break
+        stdout, stderr = process.communicate(timeout=60)
+        assert process.returncode == 0, stderr
+    finally:
+        for sub in subscribers:
+            sub.close()
+        ctx.term()
+    report = json.loads(stdout)
+    for rank, batches in enumerate(received):
+        assert batches, f"worker {rank} published nothing we saw"
+        seqs = [seq for seq, _ in batches]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # contiguous
+        assert all(batch.data_parallel_rank == rank for _, batch in batches)
+        assert seqs[-1] + 1 == report["workers"][rank]["kv_event_batches"]
+
+
+def test_a_progress_bar_is_drawn_on_a_terminal() -> None:
+    controller, terminal = pty.openpty()
+    try:
+        result = kvpool("simulate", "--sessions", "10", stderr=terminal, timeout=120)
+        os.close(terminal)
+        terminal = -1
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO once the terminal side is closed and drained
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        os.close(controller)
+    assert result.returncode == 0
+    total = len(SyntheticWorkload(num_sessions=10).requests())
+    assert b"\r[" in drawn
+    assert f"{total}/{total} requests 100%".encode() in drawn
+    quiet = kvpool("simulate", "--sessions", "10", "--no-progress", stderr=subprocess.PIPE)
+    assert quiet.stderr == ""
+
+
+def test_json_report_decodes_into_the_report_type() -> None:
+    from kvpool.engine import Report
+
+    result = kvpool("simulate", "--sessions", "5", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    report = msgspec.json.decode(result.stdout.encode(), type=Report)
+    assert report.total.requests_submitted == len(SyntheticWorkload(num_sessions=5).requests())
