@@ -1,0 +1,144 @@
+"""Engine benchmark: simulated requests per wall second, and where the wall time goes.
+
+    python benchmarks/bench_engine.py            # embedded default, every KV backend
+    python benchmarks/bench_engine.py --repeat 5 --workers 2
+
+For each KV backend (``local``: a `KvManager` called inline; ``actor``: the manager behind
+the pool actor, one actor per worker) it runs `kvpool simulate`'s embedded default
+workload with the CLI's default flags and prints, best of ``--repeat`` runs:
+
+- wall seconds and simulated requests per wall second;
+- the share of wall time spent awaiting KV calls (`TimedKvClient`): the manager, the
+  pool and, for the actor, the round trip through it; the rest is the scheduler, the
+  simulation loop and workload generation;
+- from one cProfile run: the share of (profiled) time inside the pool core, the manager
+  and hashing, the actor machinery, and the engine.
+
+Targets (issue 5): the embedded default completes in under 15 s; the pool is not the
+bottleneck (its share under half of wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from collections.abc import Callable
+
+import anyio
+
+from kvpool.engine import EngineConfig, KvClient, TimedKvClient
+from kvpool.engine.runner import KvFactory, SimulationRun, open_local_kv, run_simulation
+from kvpool.workloads import RequestSpec, default_workload
+
+
+def backends() -> dict[str, KvFactory]:
+    """The KV backends available in this checkout."""
+    found: dict[str, KvFactory] = {"local": open_local_kv}
+    try:
+        from kvpool.engine.runner import open_actor_kv
+    except ImportError:
+        pass
+    else:
+        found["actor"] = open_actor_kv
+    return found
+
+
+def run_once(
+    requests: list[RequestSpec], workers: int, factory: KvFactory
+) -> tuple[SimulationRun, float, float]:
+    """One simulation: the run, its wall seconds, and seconds spent awaiting KV calls."""
+    timers: list[TimedKvClient] = []
+
+    def wrap(kv: KvClient) -> KvClient:
+        timed = TimedKvClient(kv)
+        timers.append(timed)
+        return timed
+
+    async def go() -> SimulationRun:
+        return await run_simulation(
+            requests, EngineConfig(), workers=workers, kv_factory=factory, wrap_kv=wrap
+        )
+
+    start = time.perf_counter()
+    run = anyio.run(go, backend="asyncio", backend_options={"use_uvloop": True})
+    wall = time.perf_counter() - start
+    return run, wall, sum(t.seconds for t in timers)
+
+
+_GROUPS: list[tuple[str, Callable[[str], bool]]] = [
+    # the pool core is compiled (mypyc): its methods show up as builtins of BlockPool
+    ("pool core (kvpool/pool)", lambda f: "/kvpool/pool/" in f or "BlockPool" in f),
+    ("manager + hashing", lambda f: "/kvpool/manager/" in f or "/kvpool/hashing/" in f),
+    ("actor + messages", lambda f: "/kvpool/actors/" in f or "/kvpool/messages/" in f),
+    ("engine + simulation", lambda f: "/kvpool/engine/" in f),
+    ("workload generation", lambda f: "/kvpool/workloads/" in f),
+    ("event loop, anyio, other", lambda f: True),
+]
+
+
+def profile_shares(requests: list[RequestSpec], workers: int, factory: KvFactory) -> None:
+    """Print the share of profiled time (tottime) per part of kvpool."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run_once(requests, workers, factory)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    totals = dict.fromkeys((name for name, _ in _GROUPS), 0.0)
+    for (filename, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
+        tottime = row[2]
+        where = filename if filename != "~" else function
+        for name, matches in _GROUPS:
+            if matches(where):
+                totals[name] += tottime
+                break
+    grand = sum(totals.values())
+    for name, seconds in totals.items():
+        print(f"    {name:28s} {100 * seconds / grand:5.1f}%")
+
+
+def main() -> None:
+    """Run the benchmark and print its figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per backend (best kept)")
+    parser.add_argument("--workers", type=int, default=1, help="engines (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
+    args = parser.parse_args()
+
+    requests = default_workload(args.seed)
+    print(
+        f"embedded default workload: {len(requests)} requests, seed {args.seed}, "
+        f"{args.workers} worker(s), default engine flags, uvloop"
+    )
+    for name, factory in backends().items():
+        best: tuple[float, float, SimulationRun] | None = None
+        for _ in range(args.repeat):
+            run, wall, kv_seconds = run_once(requests, args.workers, factory)
+            if best is None or wall < best[0]:
+                best = (wall, kv_seconds, run)
+        assert best is not None
+        wall, kv_seconds, run = best
+        total = run.report.total
+        assert total.leaked_blocks == 0
+        print(f"\n[{name}] best of {args.repeat}")
+        print(f"  wall time                {wall:8.2f} s  (target < 15 s)")
+        print(f"  simulated time           {run.report.simulated_s:8.2f} s")
+        print(f"  requests per wall second {total.requests_submitted / wall:8.0f}")
+        print(f"  steps per wall second    {total.steps / wall:8.0f}")
+        print(
+            f"  awaiting KV calls        {100 * kv_seconds / wall:7.1f} % of wall time "
+            "(target < 50 %)"
+        )
+        print(
+            f"  preemptions {total.preemptions}, evictions {total.evictions}, "
+            f"hit rate {100 * total.prefix_cache_hit_rate:.1f}%"
+        )
+        if not args.no_profile:
+            print("  cProfile, share of profiled time:")
+            profile_shares(requests, args.workers, factory)
+
+
+if __name__ == "__main__":
+    main()
