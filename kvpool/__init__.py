@@ -1,5 +1,6 @@
 """kvpool: an exact, fast, concurrency-safe model of vLLM's GPU KV-cache block pool."""
 
+from kvpool.actors import open_pool
 from kvpool.errors import (
     AlreadyCachedError,
     BlockError,
@@ -44,4 +45,5 @@ __all__ = [
     "ReservationExhaustedError",
     "ReserveOutcome",
     "UnknownBlockError",
+    "open_pool",
 ]
