@@ -9,6 +9,8 @@ import pytest
 
 from kvpool.engine import EngineConfig, LocalKvClient, MockEngine, StepResult
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
+from kvpool.manager import KvManager, PrefillCost
+from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload, mix_seed
 
 pytestmark = pytest.mark.anyio
@@ -308,3 +310,27 @@ async def test_a_mismatched_kv_client_is_refused() -> None:
     kv = LocalKvClient.create(10, 16)
     with pytest.raises(ValueError, match="10 blocks of 16"):
         MockEngine(kv, EngineConfig(num_gpu_blocks=11, block_size=16))
+
+
+class CheckedKv(LocalKvClient):
+    """Checks, at every admission check, the engine's count of active blocks."""
+
+    engine: MockEngine | None = None
+    checks = 0
+
+    async def prefill_cost(self, request_id: str) -> PrefillCost:
+        assert self.engine is not None
+        assert self.engine.num_active_blocks == self.manager.pool.num_active()
+        self.checks += 1
+        return await super().prefill_cost(request_id)
+
+
+async def test_the_engine_tracks_active_blocks_exactly_within_a_step() -> None:
+    config = EngineConfig(num_gpu_blocks=200, max_num_batched_tokens=1024)
+    kv = CheckedKv(KvManager(BlockPool(200), 16))
+    engine = kv.engine = MockEngine(kv, config)
+    for request in SyntheticWorkload(seed=6, num_sessions=20).requests():
+        await engine.submit(request)
+    await run_steps(engine)
+    assert kv.checks > engine.stats.completed  # blocked heads were re-checked too
+    assert engine.stats.preemptions > 0

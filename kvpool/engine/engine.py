@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvpool.engine.config import EngineConfig
-from kvpool.engine.kv_client import KvClient, KvUsage
+from kvpool.engine.kv_client import KvClient, KvUsage, StepUpdate
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
 from kvpool.errors import InvalidArgumentError
@@ -89,6 +89,10 @@ class MockEngine:
         self.stats = EngineStats()
         self.rejected_ids: list[str] = []
         self._preempted: list[str] = []
+        # The pool's active blocks as of now, kept within a step from the allocations'
+        # exact effect (fresh blocks, plus inactive cached blocks a first allocation
+        # pins) and re-read after every step; -1 until the first step reads it.
+        self._num_active = -1
 
     def __repr__(self) -> str:
         return (
@@ -107,6 +111,15 @@ class MockEngine:
     def num_outstanding(self) -> int:
         """Requests admitted and not finished (waiting plus running)."""
         return len(self.running) + len(self.waiting)
+
+    @property
+    def num_active_blocks(self) -> int:
+        """The engine's running count of the pool's active blocks (-1 before any step).
+
+        The admission check reads it instead of asking the pool: it is re-read from the
+        pool after every step and kept exact within a step from each allocation's effect.
+        """
+        return self._num_active
 
     def advance_to(self, when: float) -> None:
         """Move an idle engine's clock forward to ``when`` (a busy clock only moves by steps)."""
@@ -156,6 +169,8 @@ class MockEngine:
         if not self.has_work:
             raise RuntimeError("step() of an idle engine")
         self._preempted = []
+        if self._num_active < 0:
+            self._num_active = (await self.kv.usage()).num_active
         scheduled = await self._schedule()
         if not scheduled:
             raise RuntimeError(f"the scheduler made no progress: {self!r}")
@@ -200,6 +215,7 @@ class MockEngine:
             while not fits:
                 allocation = await kv.allocate(request.request_id, target)
                 if allocation is not None:
+                    self._num_active += len(allocation.block_ids)  # fresh blocks only
                     request.num_blocks += len(allocation.block_ids)
                     self.stats.evictions += len(allocation.removed)
                     fits = True
@@ -240,8 +256,7 @@ class MockEngine:
             # allocation would pin must fit in what is free or evictable. Exact, and it
             # spares a failing allocation its second prefix walk.
             fresh = -(-(cached + num_new) // bs) - cached_blocks
-            usage = await kv.usage()
-            if fresh + inactive_cached > usage.capacity - usage.num_active:
+            if fresh + inactive_cached > config.num_gpu_blocks - self._num_active:
                 break
             allocation = await kv.allocate(request.request_id, cached + num_new)
             if allocation is None:
@@ -252,6 +267,7 @@ class MockEngine:
                     f"blocks, allocate reused {allocation.cached_blocks}"
                 )
             waiting.popleft()
+            self._num_active += fresh + inactive_cached
             request.num_blocks = len(allocation.block_ids)
             request.num_computed = cached
             stats = self.stats
@@ -307,16 +323,21 @@ class MockEngine:
         stats.decode_tokens += decode_seqs
 
         finished: list[str] = []
+        updates: list[StepUpdate] = []
         for request, num_new in scheduled.items():
             before = request.num_computed
             request.num_computed = computed = before + num_new
-            # The watermark only moves on whole blocks: tell the manager when one fills.
+            # The watermark only moves on whole blocks: tell the manager when one fills
+            # (with the generated tokens it has not seen yet, which fill that block).
             if caching and computed // bs > before // bs:
-                if request.pending:
-                    await self._flush(request)
-                await kv.mark_computed(request.request_id, computed)
-            if computed < request.num_tokens:
-                continue  # a prefill chunk: nothing to sample yet
+                update = StepUpdate(request.request_id, request.pending, computed, False)
+                request.pending = []
+            else:
+                update = None
+            if computed < request.num_tokens:  # a prefill chunk: nothing to sample yet
+                if update is not None:
+                    updates.append(update)
+                continue
             if request.first_token_s is None:
                 request.first_token_s = now
                 stats.ttft_s.append(now - request.arrival_s)
@@ -325,10 +346,19 @@ class MockEngine:
             request.num_output += 1
             stats.generated_tokens += 1
             if request.num_output < spec.output_length:
-                request.pending.append(token)
                 request.num_tokens += 1
+                if update is None:
+                    request.pending.append(token)
+                else:
+                    # the new token goes along: the next decode's allocation needs it
+                    update.append.append(token)
+                    updates.append(update)
                 continue
-            await kv.free(request.request_id)
+            if update is None:
+                update = StepUpdate(request.request_id, [], -1, True)
+            else:
+                update = StepUpdate(request.request_id, update.append, computed, True)
+            updates.append(update)
             request.finish_s = now
             finished.append(request.request_id)
             stats.completed += 1
@@ -337,15 +367,17 @@ class MockEngine:
         if finished:
             self.running = [r for r in self.running if r.finish_s is None]
 
-        events = await kv.take_events()
-        if events and self.sink is not None:
+        outcome = await kv.finish_step(updates)
+        if outcome.events and self.sink is not None:
             self.sink.publish(
-                KVEventBatch(ts=self.epoch + now, events=events, data_parallel_rank=self.rank)
+                KVEventBatch(
+                    ts=self.epoch + now, events=outcome.events, data_parallel_rank=self.rank
+                )
             )
             stats.events_published += 1
-        usage = await kv.usage()
+        self._num_active = outcome.usage.num_active
         stats.sample_times.append(now)
-        stats.usage.append(usage.fraction)
+        stats.usage.append(outcome.usage.fraction)
         stats.query_samples.append(stats.prefix_query_tokens)
         stats.hit_samples.append(stats.prefix_hit_tokens)
         return duration, finished

@@ -32,6 +32,27 @@ class KvUsage(msgspec.Struct, frozen=True, gc=False):
         return self.num_active / self.capacity
 
 
+class StepUpdate(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    """What one request's step leaves for the manager, applied in this order.
+
+    ``append``: generated tokens to append; ``computed``: the new computed-token count to
+    mark (-1: the watermark does not move); ``free``: the request finished.
+    """
+
+    request_id: str
+    append: list[int]
+    computed: int
+    free: bool
+
+
+class StepOutcome(msgspec.Struct, frozen=True, gc=False):
+    """After a step's updates: the events they (and the step's allocations) queued,
+    drained, and the pool's occupancy."""
+
+    events: list[KVEvent]
+    usage: KvUsage
+
+
 class KvClient(Protocol):
     """What the engine needs from its KV manager; the manager's rules, awaited.
 
@@ -81,6 +102,15 @@ class KvClient(Protocol):
         """Drain the router-visible events queued so far, oldest first."""
         ...
 
+    async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
+        """Apply a step's updates in order, then drain the events and read the usage.
+
+        One call (one actor turn) for everything a step does after its schedule. Raises
+        what the manager calls raise; an actor-backed client treats a failure half-way as
+        a bug (`PoolCrashed`).
+        """
+        ...
+
     async def usage(self) -> KvUsage:
         """The pool's occupancy now."""
         ...
@@ -92,6 +122,21 @@ class KvClient(Protocol):
     async def check_invariants(self) -> None:
         """Re-derive the pool's state; raise `InvariantViolation` if it is inconsistent."""
         ...
+
+
+def apply_step(manager: KvManager, updates: list[StepUpdate]) -> StepOutcome:
+    """`KvClient.finish_step` on a `KvManager`: the updates, then the events and usage."""
+    for update in updates:
+        request_id = update.request_id
+        if update.append:
+            manager.append_tokens(request_id, update.append)
+        if update.computed >= 0:
+            manager.mark_computed(request_id, update.computed)
+        if update.free:
+            manager.free(request_id)
+    pool = manager.pool
+    usage = KvUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
+    return StepOutcome(manager.take_events(), usage)
 
 
 class LocalKvClient:
@@ -151,6 +196,9 @@ class LocalKvClient:
 
     async def take_events(self) -> list[KVEvent]:
         return self._manager.take_events()
+
+    async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
+        return apply_step(self._manager, updates)
 
     async def usage(self) -> KvUsage:
         pool = self._pool
@@ -238,6 +286,13 @@ class TimedKvClient:
         start = time.perf_counter()
         try:
             return await self._inner.take_events()
+        finally:
+            self._charge(start)
+
+    async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
+        start = time.perf_counter()
+        try:
+            return await self._inner.finish_step(updates)
         finally:
             self._charge(start)
 
