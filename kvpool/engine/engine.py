@@ -141,9 +141,11 @@ class MockEngine:
             )
         return None
 
-    async def submit(self, spec: RequestSpec) -> bool:
-        """Queue a request arriving now (at ``clock``); False if it was rejected.
+    async def submit(self, spec: RequestSpec, arrival_s: float | None = None) -> bool:
+        """Queue a request; False if it was rejected.
 
+        ``arrival_s`` (default: now, ``clock``) is when it arrived, for its latencies: a
+        request may arrive while a step is running, before the clock that step reached.
         A rejected request is counted and never reaches the KV manager. Raises what the
         manager raises for a duplicate request id.
         """
@@ -155,7 +157,8 @@ class MockEngine:
             return False
         await self.kv.add_request(spec.request_id, spec.prompt_token_ids())
         stats.submitted += 1
-        self.waiting.append(EngineRequest(spec, self.clock))
+        arrived = self.clock if arrival_s is None else min(arrival_s, self.clock)
+        self.waiting.append(EngineRequest(spec, arrived))
         return True
 
     # ------------------------------------------------------------------ steps

@@ -81,7 +81,7 @@ class Simulation:
                     await _sleep_until(start + spec.arrival_s / speedup)
                 engine = self._choose()
                 engine.advance_to(spec.arrival_s)
-                if not await engine.submit(spec) and report is not None:
+                if not await engine.submit(spec, spec.arrival_s) and report is not None:
                     report(self._settled(), total, spec.arrival_s)
                 continue
             if earliest is None:

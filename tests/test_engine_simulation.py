@@ -1,0 +1,157 @@
+"""Several engines in simulated time: clocks, dispatch, pacing, reports, KV backends."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.engine import (
+    EngineConfig,
+    LocalKvClient,
+    MockEngine,
+    Simulation,
+    TimingModel,
+    format_report,
+)
+from kvpool.engine.runner import open_local_kv, run_simulation
+from kvpool.errors import InvalidArgumentError
+from kvpool.events import EventCollector
+from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload, mix_seed
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = EngineConfig(num_gpu_blocks=256, max_num_batched_tokens=1024)
+
+
+def spec(name: str, prompt: int, output: int, arrival: float) -> RequestSpec:
+    seed = mix_seed(*name.encode())
+    return RequestSpec(name, arrival, (Segment(seed, prompt),), Segment(seed + 1, output))
+
+
+def engines(count: int, config: EngineConfig = CONFIG) -> list[MockEngine]:
+    return [
+        MockEngine(LocalKvClient.create(config.num_gpu_blocks, config.block_size), config, rank=r)
+        for r in range(count)
+    ]
+
+
+async def test_an_idle_engine_jumps_to_the_next_arrival() -> None:
+    timing = TimingModel(step_overhead_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0)
+    config = EngineConfig(num_gpu_blocks=64, timing=timing)
+    [engine] = engines(1, config)
+    requests = [spec("early", 10, 3, 0.0), spec("late", 10, 3, 100.0)]
+    await Simulation([engine], requests).run()
+    # each request: 3 steps of 10 ms; the engine idles from 0.03 s to 100 s
+    assert engine.clock == pytest.approx(100.03)
+    assert engine.stats.ttft_s == pytest.approx([0.01, 0.01])
+    assert engine.stats.latency_s == pytest.approx([0.03, 0.03])
+    assert engine.stats.busy_s == pytest.approx(0.06)
+
+
+async def test_a_request_arriving_mid_step_counts_from_its_arrival() -> None:
+    timing = TimingModel(step_overhead_s=1.0, prefill_token_s=0.0, decode_seq_s=0.0)
+    config = EngineConfig(num_gpu_blocks=64, timing=timing)
+    [engine] = engines(1, config)
+    requests = [spec("first", 10, 5, 0.0), spec("second", 10, 1, 2.5)]
+    await Simulation([engine], requests).run()
+    # "second" arrives during the step from 2 s to 3 s and is first scheduled at 3 s
+    assert engine.stats.ttft_s == pytest.approx([1.0, 1.5])
+
+
+async def test_round_robin_alternates_workers() -> None:
+    workers = engines(3)
+    requests = [spec(f"r{i}", 20, 2, 0.0) for i in range(7)]
+    await Simulation(workers, requests, dispatch="round-robin").run()
+    assert [w.stats.submitted for w in workers] == [3, 2, 2]
+
+
+async def test_least_loaded_fills_the_emptier_worker() -> None:
+    workers = engines(2)
+    # a long request lands on worker 0; the next three find worker 1 emptier or tied
+    requests = [spec("long", 20, 5000, 0.0)] + [spec(f"s{i}", 20, 2, 1.0 + i) for i in range(3)]
+    await Simulation(workers, requests, dispatch="least-loaded").run()
+    assert [w.stats.submitted for w in workers] == [1, 3]
+
+
+async def test_each_worker_has_its_own_pool_and_event_stream() -> None:
+    sinks = [EventCollector(), EventCollector()]
+    workers = [
+        MockEngine(LocalKvClient.create(256, 16), CONFIG, rank=rank, sink=sinks[rank])
+        for rank in range(2)
+    ]
+    requests = SyntheticWorkload(seed=1, num_sessions=10).requests()
+    await Simulation(workers, requests, dispatch="round-robin").run()
+    for rank, (worker, sink) in enumerate(zip(workers, sinks, strict=True)):
+        assert sink.batches
+        assert {b.data_parallel_rank for b in sink.batches} == {rank}
+        assert worker.stats.events_published == len(sink.batches)
+    assert workers[0].kv is not workers[1].kv
+
+
+async def test_pacing_changes_nothing_but_the_wall_clock() -> None:
+    requests = SyntheticWorkload(seed=2, num_sessions=3).requests()
+    fast = engines(1)
+    await Simulation(fast, requests).run()
+    paced = engines(1)
+    await Simulation(paced, requests, speedup_ratio=10_000.0).run()
+    assert paced[0].clock == fast[0].clock
+    assert paced[0].stats.usage == fast[0].stats.usage
+    assert paced[0].stats.ttft_s == fast[0].stats.ttft_s
+
+
+async def test_progress_is_reported_until_every_request_settles() -> None:
+    seen: list[tuple[int, int, float]] = []
+    requests = SyntheticWorkload(seed=3, num_sessions=6).requests()
+    await Simulation(engines(2), requests, on_progress=lambda *a: seen.append(a)).run()
+    done = [d for d, _, _ in seen]
+    assert done == sorted(done)
+    assert seen[-1][:2] == (len(requests), len(requests))
+    times = [t for _, _, t in seen]
+    assert times[-1] == max(times)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dispatch": "random"}, "dispatch"),
+        ({"speedup_ratio": -1.0}, "speedup_ratio"),
+    ],
+)
+async def test_bad_simulation_arguments_are_refused(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        Simulation(engines(1), [], **kwargs)  # type: ignore[arg-type]
+
+
+async def test_requests_must_be_ordered_and_engines_present() -> None:
+    with pytest.raises(InvalidArgumentError, match="ordered"):
+        Simulation(engines(1), [spec("b", 5, 1, 2.0), spec("a", 5, 1, 1.0)])
+    with pytest.raises(InvalidArgumentError, match="at least one engine"):
+        Simulation([], [])
+
+
+async def test_run_simulation_reports_per_worker_and_in_total() -> None:
+    requests = SyntheticWorkload(seed=4, num_sessions=12).requests()
+    config = EngineConfig(num_gpu_blocks=160, max_num_batched_tokens=512)
+    run = await run_simulation(requests, config, workers=2, workload="test")
+    report = run.report
+    total = report.total
+    assert total.requests_submitted == len(requests)
+    assert total.requests_completed + total.requests_rejected == len(requests)
+    assert total.leaked_blocks == 0
+    assert total.num_gpu_blocks == 2 * 160
+    assert [w.worker for w in report.workers] == [0, 1]
+    assert total.preemptions == sum(w.preemptions for w in report.workers)
+    assert total.prefix_cache_hits <= total.prefix_cache_queries
+    assert report.simulated_s == max(w.simulated_s for w in report.workers)
+    text = format_report(report)
+    assert "worker 1" in text
+    assert "prefix cache hit rate" in text
+
+
+async def test_the_same_workload_gives_the_same_report() -> None:
+    requests = SyntheticWorkload(seed=5, num_sessions=10).requests()
+    first = await run_simulation(requests, CONFIG, workers=2, kv_factory=open_local_kv)
+    second = await run_simulation(requests, CONFIG, workers=2, kv_factory=open_local_kv)
+    assert first.report.total == second.report.total
+    assert first.report.workers == second.report.workers
