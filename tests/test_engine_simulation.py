@@ -67,8 +67,9 @@ async def test_round_robin_alternates_workers() -> None:
 async def test_least_loaded_fills_the_emptier_worker() -> None:
     workers = engines(2)
     # a long request lands on worker 0; the next three find worker 1 emptier or tied
-    requests = [spec("long", 20, 5000, 0.0)] + [spec(f"s{i}", 20, 2, 1.0 + i) for i in range(3)]
+    requests = [spec("long", 20, 3000, 0.0)] + [spec(f"s{i}", 20, 2, 1.0 + i) for i in range(3)]
     await Simulation(workers, requests, dispatch="least-loaded").run()
+    assert workers[0].stats.rejected == 0
     assert [w.stats.submitted for w in workers] == [1, 3]
 
 
