@@ -13,13 +13,20 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
    ``max_num_seqs`` run, and no request was preempted this step. A request's first
    allocation reuses its cached prefix (always leaving its last token to compute); the
    rest of its prompt is computed in chunks (chunked prefill) or, with chunked prefill
-   off, all in one step or not at all (the queue waits). The first request whose blocks
-   do not fit stops admission for this step.
+   off, all in one step or not at all (the queue waits). Admission waits while the
+   fresh blocks plus the inactive cached prefix it would pin exceed what is free or
+   evictable (Dynamo's check; exactly when the allocation would fail); the first request
+   that does not fit stops admission for this step.
 3. *Execution*: the simulated clock advances by the `TimingModel`'s step time; each
    scheduled request's computed count grows (the manager's visibility watermark follows
    whenever a block fills); a request that has computed all its tokens samples one, and
-   finishes, releasing its blocks leaf first, after its last output token. The step's
-   KV events go out as one `KVEventBatch` to the sink, if any.
+   finishes, releasing its blocks leaf first, after its last output token. All of that
+   reaches the manager in one `KvClient.finish_step` call, which also drains the step's
+   KV events (one `KVEventBatch` to the sink, if any) and reads the KV usage.
+
+Generated tokens reach the manager lazily, with the watermark move of the block they
+fill (or before an allocation or preemption needs them): a partial block has no hash,
+so the manager loses nothing by waiting, and a decode step costs no call of its own.
 
 A request that could never run - more blocks than the pool holds for its prompt plus its
 output, or, with chunked prefill off, more tokens than one step's budget - is rejected

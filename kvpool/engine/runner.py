@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 
 from kvpool.engine.config import EngineConfig
 from kvpool.engine.engine import MockEngine
@@ -29,12 +30,12 @@ async def open_local_kv(config: EngineConfig, rank: int) -> AsyncIterator[KvClie
     )
 
 
+@dataclass(frozen=True, slots=True)
 class SimulationRun:
-    """A finished run: its engines (with their stats), report, and KV clients' final state."""
+    """A finished run: its engines (with their stats and samples) and its report."""
 
-    def __init__(self, engines: list[MockEngine], report: Report) -> None:
-        self.engines = engines
-        self.report = report
+    engines: list[MockEngine]
+    report: Report
 
 
 async def run_simulation(
