@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
@@ -25,7 +25,7 @@ from kvpool.workloads import (
 )
 
 if TYPE_CHECKING:
-    from kvpool.events import EventSink
+    from kvpool.events import EventSink, ZmqEventPublisher
 
 _DEFAULTS = EngineConfig()
 _TIMING = TimingModel()
@@ -313,7 +313,7 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return _fail(f"--{name}: no such directory: {Path(target).parent}")
     try:
         sinks = _open_sinks(args)
-    except (ImportError, OSError, PoolError) as exc:
+    except Exception as exc:  # zmq.ZMQError (bind), ImportError (no pyzmq), PoolError
         return _fail(f"--zmq-kv-event-port: {exc}")
 
     progress = ProgressBar(sys.stderr) if _show_progress(args) else None
@@ -342,30 +342,18 @@ def _load_workload(args: argparse.Namespace) -> tuple[list[RequestSpec], str]:
     )
 
 
-class _ClosableSink:
-    """What the CLI needs of a sink: publish batches, close at the end."""
-
-    def __init__(self, publisher: Any) -> None:
-        self._publisher = publisher
-
-    def publish(self, batch: Any) -> None:
-        self._publisher.publish(batch)
-
-    def close(self) -> None:
-        self._publisher.close()
-
-
-def _open_sinks(args: argparse.Namespace) -> list[_ClosableSink] | None:
+def _open_sinks(args: argparse.Namespace) -> list[ZmqEventPublisher] | None:
     if args.zmq_kv_event_port is None:
         return None
     from kvpool.events import ZmqEventPublisher
 
-    sinks: list[_ClosableSink] = []
+    endpoint = f"tcp://{args.zmq_kv_event_host}:{args.zmq_kv_event_port}"
+    sinks: list[ZmqEventPublisher] = []
     try:
+        # rank r publishes on PORT + r, as vLLM does; one by one, to close them on failure
         for rank in range(args.workers):
-            endpoint = f"tcp://{args.zmq_kv_event_host}:{args.zmq_kv_event_port}"
             publisher = ZmqEventPublisher(data_parallel_rank=rank, endpoint=endpoint, bind=True)
-            sinks.append(_ClosableSink(publisher))
+            sinks.append(publisher)
     except BaseException:
         for sink in sinks:
             sink.close()

@@ -347,6 +347,25 @@ def test_kv_events_are_published_over_zmq_per_worker() -> None:
         assert seqs[-1] + 1 == report["workers"][rank]["kv_event_batches"]
 
 
+def test_a_busy_zmq_port_fails_before_anything_runs() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = kvpool(
+            "simulate",
+            "--sessions",
+            "3",
+            "--zmq-kv-event-port",
+            str(port),
+            "--zmq-kv-event-host",
+            "127.0.0.1",
+        )
+    assert result.returncode == 1
+    assert "--zmq-kv-event-port: Address already in use" in result.stderr
+    assert result.stdout == ""
+
+
 def test_a_progress_bar_is_drawn_on_a_terminal() -> None:
     controller, terminal = pty.openpty()
     try:
