@@ -140,6 +140,20 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
     assert pixels.shape[1] > 100
 
 
+def test_plot_without_matplotlib_is_a_clear_error_before_the_run(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('matplotlib is hidden')\n")
+    env = {**os.environ, "PYTHONPATH": str(shadow.parent)}
+    image = tmp_path / "usage.png"
+    result = kvpool("simulate", "--sessions", "3", "--plot", str(image), env=env)
+    assert result.returncode == 1
+    assert "--plot needs matplotlib" in result.stderr
+    assert "pip install 'kvpool[plot]'" in result.stderr
+    assert result.stdout == ""
+    assert not image.exists()
+
+
 def test_a_bad_trace_line_fails_before_anything_runs(tmp_path: Path) -> None:
     trace = tmp_path / "bad.jsonl"
     good = SAMPLE_TRACE.read_text().splitlines()
