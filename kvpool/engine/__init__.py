@@ -7,7 +7,14 @@ rules), `Simulation` runs several engines on a workload in simulated time, and
 
 from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
 from kvpool.engine.engine import MockEngine, StepResult
-from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
+from kvpool.engine.kv_client import (
+    KvClient,
+    KvUsage,
+    LocalKvClient,
+    StepOutcome,
+    StepUpdate,
+    TimedKvClient,
+)
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.report import (
     Distribution,
@@ -31,7 +38,9 @@ __all__ = [
     "PreemptionMode",
     "Report",
     "Simulation",
+    "StepOutcome",
     "StepResult",
+    "StepUpdate",
     "TimedKvClient",
     "TimingModel",
     "WorkerReport",
