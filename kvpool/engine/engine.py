@@ -98,7 +98,9 @@ class MockEngine:
         self._preempted: list[str] = []
         # The pool's active blocks as of now, kept within a step from the allocations'
         # exact effect (fresh blocks, plus inactive cached blocks a first allocation
-        # pins) and re-read after every step; -1 until the first step reads it.
+        # pins) and re-read after every step; -1 until the first step reads it. A
+        # preemption makes it an overestimate until the step ends, but a step that
+        # preempted admits nobody, so the admission check never reads it stale.
         self._num_active = -1
 
     def __repr__(self) -> str:

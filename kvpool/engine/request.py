@@ -43,11 +43,6 @@ class EngineRequest:
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
 
-    @property
-    def is_prefilling(self) -> bool:
-        """True until every token but the last sampled one is computed."""
-        return self.num_computed < self.num_tokens - 1 or self.num_output == 0
-
     def __repr__(self) -> str:
         return (
             f"EngineRequest({self.request_id!r}, tokens={self.num_tokens}, "
