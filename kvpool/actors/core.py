@@ -15,13 +15,10 @@ import enum
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
-import anyio
-import anyio.abc
 import anyio.lowlevel
 
-from kvpool.actors.backends import Backend, ReplySlot, current_backend
 from kvpool.errors import (
     InvalidArgumentError,
     InvariantViolation,
@@ -74,6 +71,19 @@ class Handler(Generic[M, R]):
     waits: Callable[[M], bool] | None = None
 
 
+class ReplySlot(Protocol):
+    """The actor's view of a pending call: exactly the shape of an asyncio future."""
+
+    def cancelled(self) -> bool:
+        """True once the caller stopped waiting; the reply must then not be delivered."""
+
+    def set_result(self, result: Any, /) -> None:
+        """Deliver the reply (only while not cancelled, at most once)."""
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        """Deliver an error instead of a reply (only while not cancelled, at most once)."""
+
+
 class Status(enum.Enum):
     """The actor's life cycle: open, then closed (normal exit) or crashed (a bug)."""
 
@@ -99,11 +109,12 @@ _Entry = tuple[Any, ReplySlot | None]
 class Actor:
     """Serializes calls to handlers; see the module docstring and `Handler`.
 
+    This base holds the loop-independent part (the mailbox, dispatch, waiters, close and
+    crash); `kvpool.actors.loops` adds ``call`` and the idle sleep for asyncio and trio.
     Single-threaded: every method must be called from the event loop the actor runs on.
     """
 
     __slots__ = (
-        "_backend",
         "_cause",
         "_dirty",
         "_handlers",
@@ -111,13 +122,10 @@ class Actor:
         "_queue",
         "_status",
         "_waiters",
-        "_wake",
     )
 
-    def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]], backend: Backend) -> None:
+    def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]]) -> None:
         self._handlers: dict[type[Any], Handler[Any, Any]] = dict(handlers)
-        self._backend = backend
-        self._wake = backend.wake
         self._queue: deque[_Entry] = deque()
         self._waiters: deque[tuple[Any, ReplySlot, Handler[Any, Any]]] = deque()
         self._dirty = False  # something changed that may let the head waiter in
@@ -153,26 +161,29 @@ class Actor:
         gone, or `InvalidArgumentError` for a message kind without a handler.
         Cancellation follows the handler's contract (skipped, undone, or run anyway).
         """
-        if self._status is not Status.OPEN:
-            await anyio.lowlevel.checkpoint()
-            raise self.gone_error()
-        handler = self._handlers.get(type(message))
-        if handler is None:
-            await anyio.lowlevel.checkpoint()
-            raise InvalidArgumentError(f"no handler for message {message!r}")
-        return await self._backend.exchange(self, message, handler.undo)
+        raise NotImplementedError
 
-    def post(self, message: Any, slot: ReplySlot) -> None:
-        """Queue ``message`` with its reply slot and wake the actor (never blocks)."""
-        self._queue.append((message, slot))
-        self._wake()
+    async def _refuse(self, message: Any) -> Any:
+        """The slow path of ``call``: the actor is gone or the kind is unknown."""
+        await anyio.lowlevel.checkpoint()
+        if self._status is not Status.OPEN:
+            raise self.gone_error()
+        raise InvalidArgumentError(f"no handler for message {message!r}")
+
+    def _wake(self) -> None:
+        """Wake the actor if it sleeps (cheap, idempotent)."""
+        raise NotImplementedError
+
+    async def _sleep(self) -> None:
+        """Park the actor until `_wake`."""
+        raise NotImplementedError
 
     # -------------------------------------------------------------- the actor
 
     async def run(self) -> None:
         """The actor task: drain the mailbox, retry waiters, sleep; until closed."""
         queue = self._queue
-        sleep = self._backend.sleep
+        sleep = self._sleep
         while self._status is Status.OPEN:
             if queue:
                 self._drain()
@@ -337,17 +348,3 @@ def _run_undo(entry: _Undo) -> None:
 
 UNDO_HANDLER: Final[Handler[_Undo, None]] = Handler(_run_undo, gives_back=True)
 """Runs an `_Undo` entry; every actor registers it."""
-
-
-def new_actor(handlers: Mapping[type[Any], Handler[Any, Any]]) -> Actor:
-    """An actor for the running event loop with ``handlers`` (plus the undo handler)."""
-    if _Undo in handlers:
-        raise InvalidArgumentError("the undo entry type is reserved")
-    table: dict[type[Any], Handler[Any, Any]] = {_Undo: UNDO_HANDLER, **handlers}
-    return Actor(table, current_backend())
-
-
-async def run_hosted(actor: Actor, task_group: anyio.abc.TaskGroup) -> None:
-    """Start ``actor`` in ``task_group``; a crash cancels the group's scope."""
-    actor.set_crash_callback(task_group.cancel_scope.cancel)
-    task_group.start_soon(actor.run)

@@ -16,7 +16,8 @@ from typing import Any, TypeAlias
 import anyio
 
 from kvpool.actors.client import PoolClient
-from kvpool.actors.core import Actor, Handler, Status, new_actor
+from kvpool.actors.core import Actor, Handler, Status
+from kvpool.actors.loops import new_actor
 from kvpool.actors.pool_state import PoolState, extension_handlers
 from kvpool.pool import BlockPool
 

@@ -11,17 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from kvpool.actors.block_checks import check_releasable, split_cacheable
 from kvpool.actors.core import WAIT, Handler, Wait
 from kvpool.errors import (
-    AlreadyCachedError,
-    BlockNotReferencedError,
     CapacityError,
     ForeignReservationError,
     InvalidArgumentError,
     InvalidHashError,
     InvariantViolation,
     ReservationClosedError,
-    UnknownBlockError,
 )
 from kvpool.messages import (
     ActivatePrefix,
@@ -50,10 +48,12 @@ from kvpool.messages import (
     ReserveReply,
     StatsReply,
 )
-from kvpool.pool import MAX_HASH, BlockPool, Reservation
+from kvpool.pool import MAX_HASH, BlockPool, PrefixHit, Reservation
 
 _DONE = DoneReply()
 _MISS = PrefixHitReply(None)
+_ACTIVE_HIT = PrefixHitReply(PrefixHit(True))
+_INACTIVE_HIT = PrefixHitReply(PrefixHit(False))
 _NO_ROOM = ReserveReply(None)
 _NOT_ADMITTED = AdmitReply(None)
 
@@ -117,7 +117,9 @@ class PoolState:
 
     def query_prefix(self, message: QueryPrefix) -> PrefixHitReply:
         hit = self.pool.prefix_hit(message.block_hash)
-        return _MISS if hit is None else PrefixHitReply(hit)
+        if hit is None:
+            return _MISS
+        return _ACTIVE_HIT if hit.is_active else _INACTIVE_HIT
 
     def reserve(self, message: Reserve) -> ReserveReply:
         outcome = self.pool.reserve(message.prefix, message.fresh)
@@ -261,37 +263,13 @@ class PoolState:
             self._release_leaf_first(reply.admission.blocks)
 
     def cache_many(self, message: CacheMany) -> FlagsReply:
-        pairs = message.pairs
-        pool = self.pool
-        try:
-            block_ids = [block_id for block_id, _ in pairs]
-            hashes = [block_hash for _, block_hash in pairs]
-        except (TypeError, ValueError):
-            raise InvalidArgumentError(
-                f"pairs must be a sequence of (block_id, hash) pairs, got {pairs!r}"
-            ) from None
-        seen: set[int] = set()
-        for block_id, block_hash in zip(block_ids, hashes, strict=True):
-            copy = _live_copy(pool, block_id)
-            if copy.hash is not None or block_id in seen:
-                raise AlreadyCachedError(
-                    f"block {block_id} is already cached; only a private copy can enter "
-                    "the prefix cache (each block once)"
-                )
-            seen.add(block_id)
-            if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
-                raise InvalidHashError(
-                    f"block hash must be an int in [0, 2**64), got {block_hash!r}"
-                )
-        cache = pool.cache_private
-        return FlagsReply([cache(b, h) for b, h in zip(block_ids, hashes, strict=True)])  # type: ignore[arg-type]
+        block_ids, hashes = split_cacheable(self.pool, message.pairs)
+        cache = self.pool.cache_private
+        return FlagsReply(list(map(cache, block_ids, hashes)))
 
     def free(self, message: Free) -> DoneReply:
-        block_ids = message.block_ids
-        if isinstance(block_ids, str | bytes) or not isinstance(block_ids, Sequence):
-            raise InvalidArgumentError(f"block_ids must be a sequence of ints, got {block_ids!r}")
-        _check_releasable(self.pool, block_ids)
-        self._release_leaf_first(block_ids)
+        check_releasable(self.pool, message.block_ids)
+        self._release_leaf_first(message.block_ids)
         return _DONE
 
     # ------------------------------------------------------------ internals
@@ -337,43 +315,13 @@ def _bad_handle(handle: object, next_handle: int) -> NoReturn:
 def _check_chain(chain: object) -> None:
     if isinstance(chain, str | bytes) or not isinstance(chain, Sequence):
         raise InvalidArgumentError(f"chain must be a sequence of ints, got {chain!r}")
+    if not chain or (
+        set(map(type, chain)) == {int} and min(chain) >= 0 and max(chain) <= MAX_HASH
+    ):
+        return
     for block_hash in chain:
         if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
             raise InvalidHashError(f"block hash must be an int in [0, 2**64), got {block_hash!r}")
-
-
-# BlockPool has no read-only "who holds this id" query, and free / cache_many must refuse
-# a bad id before touching anything. These two helpers read its slot table (see
-# kvpool/pool/block_pool.py: a BlockId is ``serial << 32 | slot``).
-_SLOT_MASK = (1 << 32) - 1
-
-
-def _live_copy(pool: BlockPool, block_id: object) -> Any:
-    copy = None
-    if type(block_id) is int and block_id >= 0:
-        slots: list[Any] = pool._slots  # type: ignore[attr-defined]
-        slot = block_id & _SLOT_MASK
-        if slot < len(slots):
-            copy = slots[slot]
-    if copy is None or copy.id != block_id:
-        raise UnknownBlockError(
-            f"block id {block_id!r} names no live copy of this pool "
-            "(released, evicted, never allocated, or from another pool)"
-        )
-    return copy
-
-
-def _check_releasable(pool: BlockPool, block_ids: Sequence[int]) -> None:
-    wanted: dict[int, int] = {}
-    for block_id in block_ids:
-        copy = _live_copy(pool, block_id)
-        count = wanted.get(block_id, 0) + 1
-        wanted[block_id] = count
-        if count > copy.refs:
-            raise BlockNotReferencedError(
-                f"block {block_id} is released {count} times but holds {copy.refs} "
-                "request reference(s)"
-            )
 
 
 def extension_handlers(

@@ -1,0 +1,168 @@
+"""Pool actor cost: microseconds per round trip, and a block workload against a bare pool.
+
+Run:  python benchmarks/bench_actor.py            (about 30 s)
+      python benchmarks/bench_actor.py --quick    (a few seconds, smaller counts)
+
+1. Round trip: N concurrent client tasks each await ``prefix_hit`` (a trivial call) in a
+   loop; the figure is wall time / total calls, for N in 1, 10, 100, 1000, on asyncio,
+   asyncio+uvloop and trio. Best of a few repeats (the machine is shared).
+2. Workload: cycles of ``admit`` (32-block chain, shared prefixes) + ``cache_many`` of
+   the fresh blocks + ``free``, through the actor with C concurrent clients, against
+   the same cycles driven straight on a bare `BlockPool` in the same process (ratio =
+   actor throughput / bare throughput; target >= 0.7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from kvpool.actors import PoolClient, open_pool
+from kvpool.pool import BlockPool
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover
+    uvloop = None
+
+CHAIN = 32
+CAPACITY = 4096
+
+
+def backends() -> list[tuple[str, str, dict[str, Any]]]:
+    found: list[tuple[str, str, dict[str, Any]]] = [("asyncio", "asyncio", {})]
+    if uvloop is not None:
+        found.append(("uvloop", "asyncio", {"loop_factory": uvloop.new_event_loop}))
+    found.append(("trio", "trio", {}))
+    return found
+
+
+async def round_trips(clients: int, total_calls: int) -> float:
+    """Microseconds per round trip with ``clients`` tasks sharing ``total_calls`` calls."""
+    per_client = max(total_calls // clients, 1)
+    async with open_pool(64) as pool:
+
+        async def client() -> None:
+            hit = pool.prefix_hit
+            for _ in range(per_client):
+                await hit(7)
+
+        started = time.process_time()
+        async with anyio.create_task_group() as tg:
+            for _ in range(clients):
+                tg.start_soon(client)
+        elapsed = time.process_time() - started
+    return elapsed / (per_client * clients) * 1e6
+
+
+def make_chains(count: int, seed: int = 1) -> list[list[int]]:
+    """32-hash chains: half of them share one of 16 system prefixes of 8 to 24 blocks."""
+    rng = random.Random(seed)
+    templates = [[rng.getrandbits(64) for _ in range(24)] for _ in range(16)]
+    chains = []
+    for _ in range(count):
+        if rng.random() < 0.5:
+            shared = rng.choice(templates)[: rng.randint(8, 24)]
+        else:
+            shared = []
+        chains.append(shared + [rng.getrandbits(64) for _ in range(CHAIN - len(shared))])
+    return chains
+
+
+def bare_cycles(chains: list[list[int]]) -> float:
+    """Seconds for the workload straight on a BlockPool."""
+    pool = BlockPool(CAPACITY)
+    started = time.process_time()
+    for chain in chains:
+        hits = 0
+        for block_hash in chain:
+            if pool.prefix_hit(block_hash) is None:
+                break
+            hits += 1
+        outcome = pool.reserve(chain[:hits], len(chain) - hits)
+        assert outcome is not None
+        reservation = outcome.reservation
+        blocks = pool.activate_prefix(reservation)
+        blocks += [pool.allocate_private(reservation) for _ in range(reservation.fresh)]
+        pool.cancel(reservation)
+        for block_id, block_hash in zip(blocks[hits:], chain[hits:], strict=True):
+            pool.cache_private(block_id, block_hash)
+        for block_id in reversed(blocks):
+            pool.release(block_id)
+    return time.process_time() - started
+
+
+async def actor_cycles(chains: list[list[int]], clients: int) -> float:
+    """Seconds for the same workload through the actor with ``clients`` tasks."""
+    async with open_pool(CAPACITY) as pool:
+
+        async def client(mine: list[list[int]], pool: PoolClient) -> None:
+            for chain in mine:
+                admission = await pool.admit(chain)
+                assert admission is not None
+                cached = admission.cached
+                await pool.cache_many(list(zip(admission.blocks[cached:], chain[cached:])))
+                await pool.free(admission.blocks)
+
+        started = time.process_time()
+        async with anyio.create_task_group() as tg:
+            for index in range(clients):
+                tg.start_soon(client, chains[index::clients], pool)
+        return time.process_time() - started
+
+
+def best(repeats: int, run: Callable[[], float]) -> float:
+    return min(run() for _ in range(repeats))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller counts, fewer repeats")
+    args = parser.parse_args()
+    calls = 20_000 if args.quick else 100_000
+    cycles = 1_000 if args.quick else 4_000
+    repeats = 2 if args.quick else 3
+
+    print(f"round trip, microseconds per call (prefix_hit; {calls} calls, best of {repeats})")
+    print(f"{'clients':>8}" + "".join(f"{name:>10}" for name, _, _ in backends()))
+    table = {}
+    for name, backend, options in backends():
+        for clients in (1, 10, 100, 1000):
+            table[name, clients] = best(
+                repeats,
+                lambda c=clients, b=backend, o=options: anyio.run(
+                    round_trips, c, calls, backend=b, backend_options=o
+                ),
+            )
+    for clients in (1, 10, 100, 1000):
+        row = "".join(f"{table[name, clients]:10.2f}" for name, _, _ in backends())
+        print(f"{clients:>8}{row}")
+
+    chains = make_chains(cycles)
+    bare = best(repeats, lambda: bare_cycles(chains))
+    print(
+        f"\nworkload: {cycles} cycles of admit({CHAIN}) + cache_many + free, "
+        f"capacity {CAPACITY}, best of {repeats}"
+    )
+    print(f"  bare BlockPool: {bare / cycles * 1e6:8.2f} us/cycle")
+    for name, backend, options in backends():
+        for clients in (1, 16):
+            through = best(
+                repeats,
+                lambda c=clients, b=backend, o=options: anyio.run(
+                    actor_cycles, chains, c, backend=b, backend_options=o
+                ),
+            )
+            print(
+                f"  actor {name:8s} {clients:3d} clients: {through / cycles * 1e6:8.2f} us/cycle"
+                f"  ratio {bare / through:5.2f}x of bare"
+            )
+
+
+if __name__ == "__main__":
+    main()
