@@ -547,6 +547,22 @@ class PoolMachine(RuleBasedStateMachine):
             )
         assert len(self.foreign_reservation) == 1
         assert self.foreign_pool.num_active() == 2
+        assert [self.model_of[i] for i in _lru_ids(pool)] == model.lru, "LRU order"
+
+
+def _lru_ids(pool: BlockPool) -> list[BlockId]:
+    """The pool's inactive LRU, head (evicted first) to tail, read from its internals.
+
+    The public API shows this order only through later evictions; reading it directly
+    catches a wrong order at the step that caused it.
+    """
+    sentinel = pool._lru  # type: ignore[attr-defined]
+    ids = []
+    node = sentinel.next
+    while node is not sentinel:
+        ids.append(node.id)
+        node = node.next
+    return ids
 
 
 PoolMachine.TestCase.settings = settings(
