@@ -1,9 +1,43 @@
 """The request-level KV manager: block tables over a `BlockPool`, router-visible events.
 
-Synchronous and I/O-free; see `kvpool.manager.kv_manager` for the rules it follows.
+`KvManager` is synchronous and I/O-free (see `kvpool.manager.kv_manager` for its rules).
+`open_manager` / `ManagerClient` run it inside the pool actor (`kvpool.manager.client`);
+they are imported lazily, so ``import kvpool.manager`` does not load the actor.
 """
 
-from kvpool.manager.kv_manager import KvManager
-from kvpool.manager.types import Allocation, ManagerStats, PrefillCost
+from __future__ import annotations
 
-__all__ = ["Allocation", "KvManager", "ManagerStats", "PrefillCost"]
+from typing import TYPE_CHECKING, Any
+
+from kvpool.manager.kv_manager import KvManager
+from kvpool.manager.types import Allocation, ManagerStats, PoolUsage, PrefillCost
+
+if TYPE_CHECKING:
+    from kvpool.manager.client import ManagerClient, open_manager
+    from kvpool.manager.handlers import manager_extension
+
+__all__ = [
+    "Allocation",
+    "KvManager",
+    "ManagerClient",
+    "ManagerStats",
+    "PoolUsage",
+    "PrefillCost",
+    "manager_extension",
+    "open_manager",
+]
+
+_LAZY = {
+    "ManagerClient": "kvpool.manager.client",
+    "open_manager": "kvpool.manager.client",
+    "manager_extension": "kvpool.manager.handlers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvpool.manager' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

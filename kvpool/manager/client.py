@@ -1,0 +1,214 @@
+"""The manager behind the pool actor: `open_manager` and the async `ManagerClient`.
+
+One actor task owns the `BlockPool` and a `KvManager` over it (`manager_extension`), so
+request-level calls from any number of tasks are serialized, each one atomic, and the
+router-visible events leave in the order the actor produced them. Works on asyncio,
+asyncio+uvloop and trio.
+
+Example::
+
+    async with open_manager(1024, block_size=16) as kv:
+        await kv.add_request("r1", prompt)
+        allocation = await kv.allocate("r1", len(prompt), wait=True)
+        await kv.mark_computed("r1", len(prompt))
+        batch = await kv.take_batch()        # KVEventBatch | None, for a sink
+        await kv.free("r1")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+from kvpool.actors import Extension, PoolClient, open_pool
+from kvpool.events import KVEvent, KVEventBatch
+from kvpool.manager.handlers import manager_extension
+from kvpool.manager.kv_manager import KvManager
+from kvpool.manager.messages import (
+    AddRequest,
+    AllocateSlots,
+    AllocationReply,
+    AppendTokens,
+    CheckManager,
+    EventsReply,
+    FreeRequest,
+    GetManagerStats,
+    GetPrefillCost,
+    ManagerStatsReply,
+    MarkComputed,
+    PreemptRequest,
+    PrefillCostReply,
+    TakeEvents,
+)
+from kvpool.manager.types import Allocation, ManagerStats, PoolUsage, PrefillCost
+
+_TAKE_EVENTS = TakeEvents()
+_GET_STATS = GetManagerStats()
+_CHECK = CheckManager()
+
+
+class ManagerClient:
+    """The handle `open_manager` yields; usable from any task on the same event loop.
+
+    Every method is one actor round trip (always a checkpoint) and raises what the
+    `KvManager` method of the same name raises (a `kvpool.errors.PoolError`, nothing
+    changed), or `PoolClosed` / `PoolCrashed` once the actor is gone.
+
+    Cancellation, per method: *skipped* means a call cancelled while still queued never
+    runs; *undone* means a call the actor ran but whose reply its caller never read is
+    given back in a later turn; *runs anyway* means it takes effect once posted.
+    """
+
+    __slots__ = ("_call", "block_size", "pool")
+
+    def __init__(self, pool: PoolClient, block_size: int) -> None:
+        self.pool = pool
+        """The pool actor's own client: pool-level calls on the same actor."""
+        self.block_size = block_size
+        self._call = pool.call
+
+    @property
+    def capacity(self) -> int:
+        """Blocks in the pool."""
+        return self.pool.capacity
+
+    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+        """Register a request with its prompt; returns None.
+
+        Raises `DuplicateRequestError`, `InvalidArgumentError`. Cancellation: skipped,
+        or undone (the request is forgotten again while it holds no block).
+        """
+        await self._call(AddRequest(request_id, _as_list(prompt_token_ids)))
+
+    async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Append decoded tokens to a request; returns None.
+
+        Raises `UnknownRequestError`, `InvalidArgumentError`. Cancellation: skipped if
+        still queued; otherwise it took effect (it hands nothing out to undo).
+        """
+        await self._call(AppendTokens(request_id, _as_list(token_ids)))
+
+    async def prefill_cost(self, request_id: str) -> PrefillCost:
+        """Return what the request's next allocation of all its tokens needs now.
+
+        Raises `UnknownRequestError`. Cancellation: skipped or simply unread.
+        """
+        reply: PrefillCostReply = await self._call(GetPrefillCost(request_id))
+        return reply.cost
+
+    async def allocate(
+        self, request_id: str, num_tokens: int, *, wait: bool = False
+    ) -> Allocation | None:
+        """Grow the request's table to hold ``num_tokens``; return the `Allocation`.
+
+        Returns None when it does not fit now (nothing changed), unless ``wait``: then
+        the call queues FIFO behind earlier waiters and returns once it fits. Raises
+        `UnknownRequestError`, `TokenCountError`, `InvalidArgumentError`, and
+        `CapacityError` when it could never fit. Cancellation: skipped, or undone (its
+        blocks released leaf first, computed count clipped; a BlockRemoved for what it
+        evicted stays in the stream, as those hashes really are gone); a cancelled
+        waiter leaves the FIFO without a trace.
+        """
+        reply: AllocationReply = await self._call(AllocateSlots(request_id, num_tokens, wait))
+        return reply.allocation
+
+    async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
+        """Record the computed-token count, making covered full blocks visible.
+
+        Raises `UnknownRequestError`, `TokenCountError`, `InvalidArgumentError`.
+        Cancellation: skipped if still queued; otherwise it took effect (re-sending the
+        same count is harmless: it is a watermark, not an increment).
+        """
+        await self._call(MarkComputed(request_id, num_computed_tokens))
+
+    async def free(self, request_id: str) -> None:
+        """Completion: release the request's blocks leaf first and forget it.
+
+        Raises `UnknownRequestError` (a double free included). Cancellation: runs
+        anyway once posted.
+        """
+        await self._call(FreeRequest(request_id))
+
+    async def preempt(self, request_id: str) -> None:
+        """Release the request's blocks leaf first, keeping it for re-admission.
+
+        Raises `UnknownRequestError`. Cancellation: runs anyway once posted.
+        """
+        await self._call(PreemptRequest(request_id))
+
+    async def take_events(self) -> list[KVEvent]:
+        """Drain and return the queued KV events, oldest first.
+
+        Cancellation: skipped, or undone (the events go back ahead of newer ones, so
+        none is lost and the order holds).
+        """
+        reply: EventsReply = await self._call(_TAKE_EVENTS)
+        return reply.events
+
+    async def take_batch(
+        self, ts: float | None = None, data_parallel_rank: int | None = None
+    ) -> KVEventBatch | None:
+        """Drain the queued events into one `KVEventBatch` (``ts`` defaults to now);
+        None if there were none. Cancellation: as `take_events`."""
+        events = await self.take_events()
+        if not events:
+            return None
+        return KVEventBatch(
+            ts=time.time() if ts is None else ts,
+            events=events,
+            data_parallel_rank=data_parallel_rank,
+        )
+
+    async def stats(self) -> ManagerStats:
+        """Return the manager's counters. Cancellation: skipped or simply unread."""
+        reply: ManagerStatsReply = await self._call(_GET_STATS)
+        return reply.stats
+
+    async def usage(self) -> PoolUsage:
+        """Return the pool's occupancy. Cancellation: skipped or simply unread."""
+        reply: ManagerStatsReply = await self._call(_GET_STATS)
+        return PoolUsage(reply.num_active, reply.num_inactive, reply.capacity)
+
+    async def check_invariants(self) -> None:
+        """Re-derive the manager's and the pool's invariants; a breach crashes the actor
+        (this call and every later one raise `PoolCrashed`). Cancellation: skipped or
+        simply unread."""
+        await self._call(_CHECK)
+
+
+@asynccontextmanager
+async def open_manager(
+    capacity: int,
+    block_size: int,
+    *,
+    enable_prefix_caching: bool = True,
+    medium: str | None = "GPU",
+    extensions: Sequence[Extension] = (),
+    on_create: Callable[[KvManager], None] | None = None,
+) -> AsyncIterator[ManagerClient]:
+    """Start a pool actor owning ``BlockPool(capacity)`` and a `KvManager` over it;
+    yield its `ManagerClient` (``.pool`` is the pool-level client of the same actor).
+
+    ``extensions`` add further message kinds to the same actor; ``on_create`` receives
+    the manager when the actor builds it (to inspect it; drive it only through the
+    client). Raises `InvalidArgumentError` for a bad argument. Leaving the block handles
+    everything queued, then fails waiters and later calls with `PoolClosed`; an actor
+    crash makes the block raise `PoolCrashed` (never an exception group).
+    """
+    extension = manager_extension(
+        block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        medium=medium,
+        on_create=on_create,
+    )
+    async with open_pool(capacity, extensions=[extension, *extensions]) as pool:
+        yield ManagerClient(pool, block_size)
+
+
+def _as_list(token_ids: Sequence[int]) -> list[int]:
+    """The wire type is list[int]; the actor's manager validates the contents. Text and
+    bytes pass through unconverted, so they are refused there rather than split up."""
+    if type(token_ids) is list or isinstance(token_ids, str | bytes | bytearray | memoryview):
+        return token_ids  # type: ignore[return-value]
+    return list(token_ids)
