@@ -174,6 +174,32 @@ async def test_a_cancelled_waiter_leaves_no_trace() -> None:
         assert (await kv.prefill_cost("b")).new_blocks == 2
 
 
+@pytest.mark.anyio
+async def test_waiters_are_granted_in_fifo_order_and_a_freed_waiter_gets_a_typed_error() -> None:
+    async with open_manager(4, BS) as kv, anyio.create_task_group() as tg:
+        await kv.add_request("hog", list(range(16)))
+        assert await kv.allocate("hog", 16) is not None
+        outcomes: list[tuple[str, object]] = []
+
+        async def wait(rid: str) -> None:
+            try:
+                allocation = await kv.allocate(rid, 8, wait=True)
+                outcomes.append((rid, None if allocation is None else len(allocation.block_ids)))
+            except UnknownRequestError:
+                outcomes.append((rid, UnknownRequestError))
+
+        for rid in ("first", "gone", "second"):
+            await kv.add_request(rid, [ord(rid[0])] * 8)
+            tg.start_soon(wait, rid)
+            await anyio.wait_all_tasks_blocked()
+        await kv.free("gone")  # while "first" blocks the head of the FIFO, nobody moves
+        await anyio.wait_all_tasks_blocked()
+        assert outcomes == []
+        await kv.free("hog")  # room for both: granted in arrival order
+        await anyio.wait_all_tasks_blocked()
+        assert outcomes == [("first", 2), ("gone", UnknownRequestError), ("second", 2)]
+
+
 # ------------------------------------------------------------ cancellation
 
 
