@@ -204,15 +204,19 @@ class KvManager:
         table would need more blocks than the whole pool holds (it can never fit).
         """
         state = self._get(request_id)
-        check_count(num_tokens, "num_tokens")
+        if type(num_tokens) is not int or num_tokens < 0:
+            check_count(num_tokens, "num_tokens")
         if num_tokens > len(state.tokens):
             raise TokenCountError(
                 f"request {request_id!r} has {len(state.tokens)} tokens; "
                 f"cannot allocate for {num_tokens}"
             )
         table = state.table
+        needed = -(-num_tokens // self._block_size)
+        if table and needed <= len(table):  # the common decode step: nothing to add
+            return Allocation([], 0, [])
         prefix = [] if table else self._prefix_of(state)
-        needed = max(len(prefix), -(-num_tokens // self._block_size))
+        needed = max(len(prefix), needed)
         if needed > self._pool.capacity:
             raise CapacityError(
                 f"request {request_id!r} needs {needed} blocks; the pool holds "
@@ -289,7 +293,9 @@ class KvManager:
         the count goes backwards or exceeds the request's tokens or its blocks' slots.
         """
         state = self._get(request_id)
-        computed = check_count(num_computed_tokens, "num_computed_tokens")
+        computed = num_computed_tokens
+        if type(computed) is not int or computed < 0:
+            check_count(computed, "num_computed_tokens")
         if computed < state.computed:
             raise TokenCountError(
                 f"request {request_id!r} has {state.computed} computed tokens; "

@@ -22,8 +22,9 @@ def check_request_id(request_id: object) -> str:
 def check_tokens(token_ids: Sequence[int]) -> array[int]:
     """Copy ``token_ids`` into a ``u32`` array, raising `InvalidArgumentError` unless each
     is an int in ``[0, 2**32)``. The C-level conversion checks every token at once."""
-    if isinstance(token_ids, str | bytes | bytearray | memoryview) or not isinstance(
-        token_ids, Sequence
+    if type(token_ids) is not list and (  # lists, the common case, skip the ABC checks
+        isinstance(token_ids, str | bytes | bytearray | memoryview)
+        or not isinstance(token_ids, Sequence)
     ):
         _bad_tokens(token_ids)
     try:
