@@ -25,7 +25,8 @@ def main() -> None:
     assert manager.allocate("r1", len(tokens)) is not None
     manager.mark_computed("r1", len(tokens))
     batch = manager.take_batch(ts=1.0, data_parallel_rank=0)
-    assert batch is not None and decode_batch(encode_batch(batch)) == batch
+    assert batch is not None
+    assert decode_batch(encode_batch(batch)) == batch
     print(f"events: {[type(event).__name__ for event in batch.events]}")
 
     async def subscribe() -> None:
