@@ -1,6 +1,6 @@
-"""Throughput of kvpool.hashing and kvpool.events (hashing, codec, ZMQ publish).
+"""Throughput of kvpool.hashing and kvpool.events: hashing, the event codec, ZMQ publish.
 
-Reproduce: python benchmarks/bench_events.py (needs pyzmq: kvpool[zmq]).
+Reproduce: ``python benchmarks/bench_events.py`` (needs pyzmq: ``pip install 'kvpool[zmq]'``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from kvpool.hashing import BlockHasher, block_hashes
 
 
 def per_call(fn: Callable[[], object], repeat: int) -> float:
+    """Seconds per call of ``fn``, after one warm-up call."""
     fn()
     start = time.perf_counter()
     for _ in range(repeat):
@@ -24,83 +25,87 @@ def per_call(fn: Callable[[], object], repeat: int) -> float:
     return (time.perf_counter() - start) / repeat
 
 
-def naive(tokens: list[int], bs: int) -> list[int]:
+def naive_block_hashes(tokens: list[int], block_size: int) -> list[int]:
+    """The per-token loop kvpool.hashing replaces (same values)."""
     out: list[int] = []
-    parent = None
-    for i in range(0, len(tokens) - bs + 1, bs):
-        data = b"".join(struct.pack("<I", t) for t in tokens[i : i + bs])
+    parent: int | None = None
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        data = b"".join(struct.pack("<I", t) for t in tokens[start : start + block_size])
         local = xxhash.xxh3_64_intdigest(data, seed=1337)
-        parent = (
-            local
-            if parent is None
-            else xxhash.xxh3_64_intdigest(struct.pack("<QQ", parent, local), seed=1337)
-        )
-        out.append(parent)
+        if parent is not None:
+            local = xxhash.xxh3_64_intdigest(struct.pack("<QQ", parent, local), seed=1337)
+        parent = local
+        out.append(local)
     return out
 
 
-prompt = list(range(1000, 9192))  # 8192 tokens
-t = per_call(lambda: block_hashes(prompt, 16), 200)
-tn = per_call(lambda: naive(prompt, 16), 20)
-print(
-    f"block_hashes, 8192 tokens / block 16: {t * 1e6:8.1f} us/call "
-    f"({len(prompt) / t / 1e6:5.1f} M tokens/s); per-token loop: {tn * 1e6:8.1f} us ({tn / t:.1f}x slower)"
-)
-
-
-def decode_steps() -> None:
-    h = BlockHasher(16)
-    h.extend(prompt[:512])
-    for tok in range(1024):
-        h.extend((tok,))
-
-
-t = per_call(decode_steps, 20)
-print(f"BlockHasher.extend, one token a call:  {t / 1025 * 1e9:8.0f} ns/call")
-
-batch = KVEventBatch(
-    ts=time.time(),
-    events=[
-        BlockStored(
-            block_hashes=block_hashes(prompt[:512], 16),
-            parent_block_hash=None,
-            token_ids=prompt[:512],
-            block_size=16,
-        )
-    ],
-    data_parallel_rank=0,
-)
-payload = encode_batch(batch)
-t = per_call(lambda: encode_batch(batch), 2000)
-td = per_call(lambda: decode_batch(payload), 2000)
-print(
-    f"encode_batch, 32-block Stored ({len(payload)} B):  {t * 1e6:8.2f} us; decode {td * 1e6:.2f} us"
-)
-
-ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-with ZmqEventPublisher(
-    endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", context=ctx
-) as pub:
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(pub.endpoint)
-    sub.rcvtimeo = 5000
-    sub.linger = 0
-    while not sub.poll(20):
-        pub.publish(batch)
-    sub.recv_multipart()
-    n = 20000
-    start = time.perf_counter()
-    for _ in range(n):
-        pub.publish(batch)
-    t = (time.perf_counter() - start) / n
-    got = 0
-    while sub.poll(500):
-        sub.recv_multipart()
-        got += 1
+def bench_hashing(prompt: list[int]) -> None:
+    fast = per_call(lambda: block_hashes(prompt, 16), 200)
+    slow = per_call(lambda: naive_block_hashes(prompt, 16), 20)
+    assert block_hashes(prompt, 16) == naive_block_hashes(prompt, 16)
     print(
-        f"ZmqEventPublisher.publish, same batch:  {t * 1e6:8.2f} us/batch "
-        f"({1 / t:,.0f} batches/s); loopback SUB received {got}/{n}"
+        f"block_hashes, {len(prompt)} tokens, block 16: {fast * 1e6:.1f} us "
+        f"({len(prompt) / fast / 1e6:.1f} M tokens/s); per-token loop {slow / fast:.1f}x slower"
     )
-    sub.close()
-ctx.destroy(linger=0)
+
+    def decode_steps() -> None:
+        hasher = BlockHasher(16)
+        hasher.extend(prompt[:512])
+        for token in range(1024):
+            hasher.extend((token,))
+
+    print(f"BlockHasher.extend, one token a call: {per_call(decode_steps, 20) / 1025 * 1e9:.0f} ns")
+
+
+def bench_codec_and_zmq(prompt: list[int]) -> None:
+    stored = BlockStored(
+        block_hashes=block_hashes(prompt[:512], 16),
+        parent_block_hash=None,
+        token_ids=prompt[:512],
+        block_size=16,
+    )
+    batch = KVEventBatch(ts=time.time(), events=[stored], data_parallel_rank=0)
+    payload = encode_batch(batch)
+    encode = per_call(lambda: encode_batch(batch), 2000)
+    decode = per_call(lambda: decode_batch(payload), 2000)
+    print(
+        f"32-block BlockStored batch ({len(payload)} B): encode {encode * 1e6:.2f} us, "
+        f"decode {decode * 1e6:.2f} us"
+    )
+
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    with ZmqEventPublisher(endpoint="tcp://127.0.0.1:*", context=context) as publisher:
+        subscriber = context.socket(zmq.SUB)
+        subscriber.setsockopt(zmq.SUBSCRIBE, b"")
+        subscriber.rcvtimeo = 5000
+        subscriber.linger = 0
+        subscriber.connect(publisher.endpoint)
+        while not subscriber.poll(20):  # PUB drops frames until the subscription lands
+            publisher.publish(batch)
+        while subscriber.poll(100):
+            subscriber.recv_multipart()
+        count = 20_000
+        start = time.perf_counter()
+        for _ in range(count):
+            publisher.publish(batch)
+        seconds = (time.perf_counter() - start) / count
+        received = 0
+        while subscriber.poll(500):
+            subscriber.recv_multipart()
+            received += 1
+        subscriber.close()
+    context.term()
+    print(
+        f"ZmqEventPublisher.publish: {seconds * 1e6:.1f} us a batch "
+        f"({1 / seconds:,.0f} batches/s); loopback SUB received {received}/{count}"
+    )
+
+
+def main() -> None:
+    prompt = list(range(1000, 9192))
+    bench_hashing(prompt)
+    bench_codec_and_zmq(prompt)
+
+
+if __name__ == "__main__":
+    main()
