@@ -146,6 +146,11 @@ class Actor:
         return self._cause
 
     @property
+    def num_queued(self) -> int:
+        """Requests posted and not yet handled."""
+        return len(self._queue)
+
+    @property
     def num_waiters(self) -> int:
         """Requests parked in the FIFO (including ones whose caller just left)."""
         return len(self._waiters)
@@ -230,6 +235,8 @@ class Actor:
                 if slot is None:  # an undo, posted by a caller that never read its reply
                     handler.handle(message)
                     self._dirty = True
+                    if waiters:
+                        self._pump()
                     continue
                 if slot.cancelled():
                     if handler.gives_back:
@@ -240,6 +247,8 @@ class Actor:
                             raise
                         except PoolError:
                             pass  # a mistake nobody is left to hear about
+                        if waiters:
+                            self._pump()
                     continue
                 if waiters and handler.waits is not None and handler.waits(message):
                     waiters.append((message, slot, handler))
@@ -259,12 +268,17 @@ class Actor:
                 if not isinstance(exc, Exception):
                     raise
                 return
-            if handler.gives_back:
-                self._dirty = True
             if reply is WAIT:
                 waiters.append((message, slot, handler))
             else:
                 slot.set_result(reply)
+            if handler.gives_back:
+                self._dirty = True
+            if self._dirty and waiters:
+                # Capacity came back: the waiters get it before later requests do.
+                self._pump()
+                if self._status is not Status.OPEN:
+                    return
         if self._dirty and waiters:
             self._pump()
 
