@@ -4,8 +4,8 @@
 that fails half way would have changed the pool. These checks read the pool's slot table
 (a ``BlockId`` is ``serial << 32 | slot``; a slot holds a copy with ``id``, ``hash`` and
 ``refs``), in bulk with C-level operations on the fast path, and walk the batch one id at
-a time only to name the first offender. They are the one place that knows those
-internals: tests/test_actor_bad_input.py pins their behaviour.
+a time only when that fails (to name the first offender, or to count duplicates). They
+are the one place that knows those internals: tests/test_actor_bad_input.py pins them.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ def check_releasable(pool: BlockPool, block_ids: object) -> None:
                 f"block {block_id} is released {count} time(s) but holds {copy.refs} "
                 "request reference(s)"
             )
-    raise AssertionError("unreachable: a rejected batch names its offender")
 
 
 def split_cacheable(pool: BlockPool, pairs: object) -> tuple[list[Any], list[Any]]:
@@ -81,7 +80,7 @@ def split_cacheable(pool: BlockPool, pairs: object) -> tuple[list[Any], list[Any
         seen.add(block_id)
         if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
             raise InvalidHashError(f"block hash must be an int in [0, 2**64), got {block_hash!r}")
-    raise AssertionError("unreachable: a rejected batch names its offender")
+    return block_ids, hashes
 
 
 def _fast_copies(pool: BlockPool, block_ids: Sequence[Any]) -> list[Any] | None:
