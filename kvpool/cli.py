@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
-from kvpool.engine.runner import SimulationRun, run_simulation
+from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
 from kvpool.errors import PoolError, TraceError
 from kvpool.workloads import (
     MOONCAKE_BLOCK_SIZE,
@@ -232,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="interface the ZMQ publishers bind (default: all, '*')",
     )
     cluster.add_argument(
+        "--kv-backend",
+        choices=("actor", "local"),
+        default="actor",
+        help="where each worker's KV manager and pool run: in its own pool actor task "
+        "(actor) or called inline by the engine (local, faster); the simulation is the "
+        "same (default: %(default)s)",
+    )
+    cluster.add_argument(
         "--loop",
         choices=("auto", "uvloop", "asyncio", "trio"),
         default="auto",
@@ -309,8 +317,12 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return _fail(str(exc))
     for name in ("json", "plot"):
         target = getattr(args, name)
-        if target and target != "-" and not Path(target).resolve().parent.is_dir():
-            return _fail(f"--{name}: no such directory: {Path(target).parent}")
+        if target and target != "-":
+            path = Path(target)
+            if path.is_dir():
+                return _fail(f"--{name}: {target} is a directory")
+            if not path.resolve().parent.is_dir():
+                return _fail(f"--{name}: no such directory: {path.parent}")
     try:
         sinks = _open_sinks(args)
     except Exception as exc:  # zmq.ZMQError (bind), ImportError (no pyzmq), PoolError
@@ -391,6 +403,7 @@ def _run(
             on_progress=progress,
             workload=workload,
             settings=_settings(args),
+            kv_factory=KV_BACKENDS[args.kv_backend],
         )
 
     backend, options = _backend(args.loop)

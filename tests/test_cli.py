@@ -227,6 +227,7 @@ def test_help_documents_every_flag() -> None:
         "--speedup-ratio",
         "--zmq-kv-event-port",
         "--zmq-kv-event-host",
+        "--kv-backend",
         "--loop",
         "--json",
         "--plot",
@@ -250,18 +251,33 @@ def test_the_console_script_is_installed() -> None:
     assert "--num-gpu-blocks" in result.stdout
 
 
-def test_every_event_loop_gives_the_same_simulation() -> None:
+def test_every_event_loop_and_kv_backend_gives_the_same_simulation() -> None:
     reports = []
-    for loop in ("asyncio", "uvloop", "trio"):
+    for loop, backend in (
+        ("asyncio", "actor"),
+        ("uvloop", "actor"),
+        ("trio", "actor"),
+        ("auto", "local"),
+    ):
         result = kvpool(
-            "simulate", "--sessions", "15", "--workers", "2", "--loop", loop, "--json", "-"
+            "simulate",
+            "--sessions",
+            "15",
+            "--workers",
+            "2",
+            "--loop",
+            loop,
+            "--kv-backend",
+            backend,
+            "--json",
+            "-",
         )
         assert result.returncode == 0, result.stderr
         report = json.loads(result.stdout)
         for key in ("wall_s", "requests_per_wall_s", "settings"):
             del report[key]
         reports.append(report)
-    assert reports[0] == reports[1] == reports[2]
+    assert reports[0] == reports[1] == reports[2] == reports[3]
 
 
 def test_switches_change_the_simulation() -> None:

@@ -6,6 +6,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 from kvpool.engine.config import EngineConfig
 from kvpool.engine.engine import MockEngine
@@ -28,6 +29,19 @@ async def open_local_kv(config: EngineConfig, rank: int) -> AsyncIterator[KvClie
         config.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
     )
+
+
+def open_actor_kv(config: EngineConfig, rank: int) -> AbstractAsyncContextManager[KvClient]:
+    """An `ActorKvClient`: the manager behind its own pool actor (started and stopped
+    with the context), one `FinishStep` turn per engine step."""
+    from kvpool.engine.actor_kv import open_actor_kv as open_actor
+
+    return open_actor(config, rank)
+
+
+KvBackend = Literal["actor", "local"]
+KV_BACKENDS: dict[str, KvFactory] = {"actor": open_actor_kv, "local": open_local_kv}
+"""``--kv-backend``: the manager behind a pool actor per engine, or called inline."""
 
 
 @dataclass(frozen=True, slots=True)
