@@ -212,3 +212,6 @@ def _as_list(token_ids: Sequence[int]) -> list[int]:
     if type(token_ids) is list or isinstance(token_ids, str | bytes | bytearray | memoryview):
         return token_ids  # type: ignore[return-value]
     return list(token_ids)
+
+
+__all__ = ["ManagerClient", "open_manager"]

@@ -160,3 +160,6 @@ def manager_extension(
         return ManagerHandlers(state, manager).table()
 
     return extension
+
+
+__all__ = ["ManagerHandlers", "manager_extension"]

@@ -489,3 +489,6 @@ class KvManager:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise InvariantViolation(message)
+
+
+__all__ = ["KvManager"]

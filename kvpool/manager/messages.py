@@ -142,3 +142,26 @@ def encode(message: ManagerMessage) -> bytes:
 def decode(data: bytes) -> ManagerMessage:
     """Parse msgpack produced by `encode`; raises ``msgspec.ValidationError`` if malformed."""
     return _decoder.decode(data)
+
+
+__all__ = [
+    "AddRequest",
+    "AllocateSlots",
+    "AllocationReply",
+    "AppendTokens",
+    "CheckManager",
+    "EventsReply",
+    "FreeRequest",
+    "GetManagerStats",
+    "GetPrefillCost",
+    "ManagerMessage",
+    "ManagerReply",
+    "ManagerRequest",
+    "ManagerStatsReply",
+    "MarkComputed",
+    "PreemptRequest",
+    "PrefillCostReply",
+    "TakeEvents",
+    "decode",
+    "encode",
+]

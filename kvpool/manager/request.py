@@ -46,3 +46,6 @@ class RequestState:
         self.table = []
         self.computed = 0
         self.visible = 0
+
+
+__all__ = ["RequestState"]

@@ -69,3 +69,6 @@ class PoolUsage(msgspec.Struct, frozen=True, gc=False):
     def fraction(self) -> float:
         """KV usage as vLLM reports it: active blocks over capacity (0.0 when idle)."""
         return self.num_active / self.capacity
+
+
+__all__ = ["Allocation", "ManagerStats", "PoolUsage", "PrefillCost"]

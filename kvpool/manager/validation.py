@@ -44,3 +44,6 @@ def _bad_tokens(token_ids: object) -> NoReturn:
     raise InvalidArgumentError(
         f"token ids must be a sequence of ints in [0, 2**32), got {token_ids!r:.200}"
     )
+
+
+__all__ = ["TOKEN_TYPECODE", "check_count", "check_request_id", "check_tokens"]
