@@ -308,6 +308,10 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         requests, workload = _load_workload(args)
     except TraceError as exc:
         return _fail(str(exc))
+    try:
+        backend, options = _backend(args.loop)
+    except ImportError as exc:
+        return _fail(str(exc))
     if args.plot:
         from kvpool.engine.plot import require_matplotlib
 
@@ -330,7 +334,7 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     progress = ProgressBar(sys.stderr) if _show_progress(args) else None
     try:
-        run = _run(args, config, requests, workload, sinks, progress)
+        run = _run(args, backend, options, config, requests, workload, sinks, progress)
     finally:
         if progress is not None:
             progress.close()
@@ -384,6 +388,8 @@ def _settings(args: argparse.Namespace) -> dict[str, object]:
 
 def _run(
     args: argparse.Namespace,
+    backend: str,
+    options: dict[str, object],
     config: EngineConfig,
     requests: list[RequestSpec],
     workload: str,
@@ -406,12 +412,16 @@ def _run(
             kv_factory=KV_BACKENDS[args.kv_backend],
         )
 
-    backend, options = _backend(args.loop)
     return anyio.run(go, backend=backend, backend_options=options)
 
 
 def _backend(loop: str) -> tuple[str, dict[str, object]]:
+    """anyio's backend name and options for ``--loop``; ImportError if it is missing."""
     if loop == "trio":
+        try:
+            import trio  # noqa: F401
+        except ImportError as exc:
+            raise ImportError("--loop trio: trio is not installed: pip install trio") from exc
         return "trio", {}
     if loop == "asyncio":
         return "asyncio", {}
@@ -419,9 +429,7 @@ def _backend(loop: str) -> tuple[str, dict[str, object]]:
         import uvloop  # noqa: F401
     except ImportError as exc:
         if loop == "uvloop":
-            raise SystemExit(
-                "kvpool simulate: error: --loop uvloop: uvloop is not installed"
-            ) from exc
+            raise ImportError("--loop uvloop: uvloop is not installed: pip install uvloop") from exc
         return "asyncio", {}
     return "asyncio", {"use_uvloop": True}
 

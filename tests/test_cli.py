@@ -154,6 +154,18 @@ def test_plot_without_matplotlib_is_a_clear_error_before_the_run(tmp_path: Path)
     assert not image.exists()
 
 
+@pytest.mark.parametrize("loop", ["trio", "uvloop"])
+def test_a_missing_event_loop_is_a_clear_error(tmp_path: Path, loop: str) -> None:
+    shadow = tmp_path / "shadow" / loop
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(f"raise ImportError('{loop} is hidden')\n")
+    env = {**os.environ, "PYTHONPATH": str(shadow.parent)}
+    result = kvpool("simulate", "--sessions", "3", "--loop", loop, env=env)
+    assert result.returncode == 1
+    assert f"--loop {loop}: {loop} is not installed" in result.stderr
+    assert result.stdout == ""
+
+
 def test_a_bad_trace_line_fails_before_anything_runs(tmp_path: Path) -> None:
     trace = tmp_path / "bad.jsonl"
     good = SAMPLE_TRACE.read_text().splitlines()
