@@ -315,9 +315,7 @@ def _bad_handle(handle: object, next_handle: int) -> NoReturn:
 def _check_chain(chain: object) -> None:
     if isinstance(chain, str | bytes) or not isinstance(chain, Sequence):
         raise InvalidArgumentError(f"chain must be a sequence of ints, got {chain!r}")
-    if not chain or (
-        set(map(type, chain)) == {int} and min(chain) >= 0 and max(chain) <= MAX_HASH
-    ):
+    if not chain or (set(map(type, chain)) == {int} and min(chain) >= 0 and max(chain) <= MAX_HASH):
         return
     for block_hash in chain:
         if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
