@@ -318,6 +318,8 @@ class MockEngine:
         prefill_tokens = 0
         decode_seqs = 0
         for request, num_new in scheduled.items():
+            # a decode computes the one token sampled last step (a recomputation that
+            # happens to have one token left costs the same, and counts as one)
             if (
                 num_new == 1
                 and request.num_output
@@ -339,16 +341,13 @@ class MockEngine:
         for request, num_new in scheduled.items():
             before = request.num_computed
             request.num_computed = computed = before + num_new
-            # The watermark only moves on whole blocks: tell the manager when one fills
-            # (with the generated tokens it has not seen yet, which fill that block).
-            if caching and computed // bs > before // bs:
-                update = StepUpdate(request.request_id, request.pending, computed, False)
-                request.pending = []
-            else:
-                update = None
+            # The watermark only moves on whole blocks: tell the manager when one fills,
+            # with the generated tokens it has not seen yet (they fill that block).
+            mark = caching and computed // bs > before // bs
             if computed < request.num_tokens:  # a prefill chunk: nothing to sample yet
-                if update is not None:
-                    updates.append(update)
+                if mark:
+                    updates.append(StepUpdate(request.request_id, request.pending, computed, False))
+                    request.pending = []
                 continue
             if request.first_token_s is None:
                 request.first_token_s = now
@@ -359,18 +358,16 @@ class MockEngine:
             stats.generated_tokens += 1
             if request.num_output < spec.output_length:
                 request.num_tokens += 1
-                if update is None:
-                    request.pending.append(token)
-                else:
-                    # the new token goes along: the next decode's allocation needs it
-                    update.append.append(token)
-                    updates.append(update)
+                request.pending.append(token)
+                if mark:  # the new token goes along: the next decode allocates for it
+                    updates.append(StepUpdate(request.request_id, request.pending, computed, False))
+                    request.pending = []
                 continue
-            if update is None:
-                update = StepUpdate(request.request_id, [], -1, True)
+            # finished: the last token is never computed, so it never reaches the manager
+            if mark:
+                updates.append(StepUpdate(request.request_id, request.pending, computed, True))
             else:
-                update = StepUpdate(request.request_id, update.append, computed, True)
-            updates.append(update)
+                updates.append(StepUpdate(request.request_id, [], -1, True))
             request.finish_s = now
             finished.append(request.request_id)
             stats.completed += 1
