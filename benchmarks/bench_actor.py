@@ -4,25 +4,33 @@ Run:  python benchmarks/bench_actor.py            (about 30 s)
       python benchmarks/bench_actor.py --quick    (a few seconds, smaller counts)
 
 1. Round trip: N concurrent client tasks each await ``prefix_hit`` (a trivial call) in a
-   loop; the figure is wall time / total calls, for N in 1, 10, 100, 1000, on asyncio,
-   asyncio+uvloop and trio. Best of a few repeats (the machine is shared).
+   loop; the figure is CPU time / total calls, for N in 1, 10, 100, 1000, on asyncio,
+   asyncio+uvloop and trio. CPU time, not wall time, because the machine is shared
+   (the loop never idles, so the two agree on a quiet machine); best of a few repeats.
+   The "floor" columns run the same round trip with no actor at all (a server task
+   answering loop futures, or rescheduling parked trio tasks): the loop's own cost.
 2. Workload: cycles of ``admit`` (32-block chain, shared prefixes) + ``cache_many`` of
    the fresh blocks + ``free``, through the actor with C concurrent clients, against
    the same cycles driven straight on a bare `BlockPool` in the same process (ratio =
-   actor throughput / bare throughput; target >= 0.7).
+   actor throughput / bare throughput; target >= 0.7). "handlers, no loop" calls the
+   actor's handlers directly: the price of the protocol without any messaging.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import sniffio
 
-from kvpool.actors import PoolClient, open_pool
+from kvpool.actors import PoolClient, PoolState, open_pool
+from kvpool.messages import Admit, CacheMany, Free
 from kvpool.pool import BlockPool
 
 try:
@@ -60,16 +68,88 @@ async def round_trips(clients: int, total_calls: int) -> float:
     return elapsed / (per_client * clients) * 1e6
 
 
+async def ping_pong_floor(clients: int, total_calls: int) -> float:
+    """The same round trip with no actor: a server task answering loop futures (asyncio)
+    or rescheduling parked tasks (trio), as cheaply as each loop allows."""
+    per_client = max(total_calls // clients, 1)
+    queue: deque[tuple[int, Any]] = deque()
+    if sniffio.current_async_library() == "trio":
+        import outcome
+        import trio
+
+        lowlevel = trio.lowlevel
+        sleeper: list[Any] = []
+
+        def abort(_: Any) -> Any:
+            return lowlevel.Abort.SUCCEEDED
+
+        async def serve() -> None:
+            while True:
+                while queue:
+                    value, task = queue.popleft()
+                    lowlevel.reschedule(task, outcome.Value(value))
+                sleeper.append(lowlevel.current_task())
+                await lowlevel.wait_task_rescheduled(abort)
+
+        async def client() -> None:
+            for _ in range(per_client):
+                queue.append((7, lowlevel.current_task()))
+                if sleeper:
+                    lowlevel.reschedule(sleeper.pop())
+                await lowlevel.wait_task_rescheduled(abort)
+
+    else:
+        loop = asyncio.get_running_loop()
+        waiting: list[asyncio.Future[None]] = []
+
+        async def serve() -> None:
+            while True:
+                while queue:
+                    value, future = queue.popleft()
+                    future.set_result(value)
+                wake = loop.create_future()
+                waiting.append(wake)
+                await wake
+
+        async def client() -> None:
+            for _ in range(per_client):
+                future = loop.create_future()
+                queue.append((7, future))
+                if waiting:
+                    waiting.pop().set_result(None)
+                await future
+
+    async with anyio.create_task_group() as server:
+        server.start_soon(serve)
+        started = time.process_time()
+        async with anyio.create_task_group() as tg:
+            for _ in range(clients):
+                tg.start_soon(client)
+        elapsed = time.process_time() - started
+        server.cancel_scope.cancel()
+    return elapsed / (per_client * clients) * 1e6
+
+
+def handler_cycles(chains: list[list[int]]) -> float:
+    """Seconds for the workload through the actor's handlers, called directly (no loop)."""
+    state = PoolState(BlockPool(CAPACITY), lambda: 0)
+    started = time.process_time()
+    for chain in chains:
+        admission = state.admit(Admit(chain)).admission  # type: ignore[union-attr]
+        cached = admission.cached
+        fresh = admission.blocks[cached:]
+        state.cache_many(CacheMany(list(zip(fresh, chain[cached:], strict=True))))
+        state.free(Free(admission.blocks))
+    return time.process_time() - started
+
+
 def make_chains(count: int, seed: int = 1) -> list[list[int]]:
     """32-hash chains: half of them share one of 16 system prefixes of 8 to 24 blocks."""
     rng = random.Random(seed)
     templates = [[rng.getrandbits(64) for _ in range(24)] for _ in range(16)]
     chains = []
     for _ in range(count):
-        if rng.random() < 0.5:
-            shared = rng.choice(templates)[: rng.randint(8, 24)]
-        else:
-            shared = []
+        shared = rng.choice(templates)[: rng.randint(8, 24)] if rng.random() < 0.5 else []
         chains.append(shared + [rng.getrandbits(64) for _ in range(CHAIN - len(shared))])
     return chains
 
@@ -106,7 +186,8 @@ async def actor_cycles(chains: list[list[int]], clients: int) -> float:
                 admission = await pool.admit(chain)
                 assert admission is not None
                 cached = admission.cached
-                await pool.cache_many(list(zip(admission.blocks[cached:], chain[cached:])))
+                fresh = admission.blocks[cached:]
+                await pool.cache_many(list(zip(fresh, chain[cached:], strict=True)))
                 await pool.free(admission.blocks)
 
         started = time.process_time()
@@ -128,28 +209,38 @@ def main() -> None:
     cycles = 1_000 if args.quick else 4_000
     repeats = 2 if args.quick else 3
 
-    print(f"round trip, microseconds per call (prefix_hit; {calls} calls, best of {repeats})")
-    print(f"{'clients':>8}" + "".join(f"{name:>10}" for name, _, _ in backends()))
+    names = [name for name, _, _ in backends()]
+    print(
+        f"round trip, microseconds of CPU per call (prefix_hit; {calls} calls, best of {repeats})"
+    )
+    print(f"{'clients':>8}" + "".join(f"{name:>10}" for name in names) + "   | floor: no actor")
     table = {}
     for name, backend, options in backends():
         for clients in (1, 10, 100, 1000):
-            table[name, clients] = best(
-                repeats,
-                lambda c=clients, b=backend, o=options: anyio.run(
-                    round_trips, c, calls, backend=b, backend_options=o
-                ),
-            )
+            for kind, bench in (("actor", round_trips), ("floor", ping_pong_floor)):
+                table[kind, name, clients] = best(
+                    repeats,
+                    lambda f=bench, c=clients, b=backend, o=options: anyio.run(
+                        f, c, calls, backend=b, backend_options=o
+                    ),
+                )
     for clients in (1, 10, 100, 1000):
-        row = "".join(f"{table[name, clients]:10.2f}" for name, _, _ in backends())
-        print(f"{clients:>8}{row}")
+        row = "".join(f"{table['actor', name, clients]:10.2f}" for name in names)
+        floor = "".join(f"{table['floor', name, clients]:8.2f}" for name in names)
+        print(f"{clients:>8}{row}   |{floor}")
 
     chains = make_chains(cycles)
     bare = best(repeats, lambda: bare_cycles(chains))
+    handlers = best(repeats, lambda: handler_cycles(chains))
     print(
         f"\nworkload: {cycles} cycles of admit({CHAIN}) + cache_many + free, "
-        f"capacity {CAPACITY}, best of {repeats}"
+        f"capacity {CAPACITY}, CPU time, best of {repeats}"
     )
-    print(f"  bare BlockPool: {bare / cycles * 1e6:8.2f} us/cycle")
+    print(f"  bare BlockPool:            {bare / cycles * 1e6:8.2f} us/cycle")
+    print(
+        f"  actor handlers, no loop:   {handlers / cycles * 1e6:8.2f} us/cycle"
+        f"  ratio {bare / handlers:5.2f}x of bare"
+    )
     for name, backend, options in backends():
         for clients in (1, 16):
             through = best(

@@ -215,11 +215,17 @@ async def test_free_with_one_bad_id_releases_nothing(name: str, error: type) -> 
 
 
 @pytest.mark.anyio
-async def test_free_of_a_non_sequence_is_an_invalid_argument() -> None:
+async def test_free_or_cache_many_of_a_non_sequence_is_an_invalid_argument() -> None:
     async with open_pool(4) as pool:
-        for bad in [None, "ab", 5]:
+        for bad in [None, "ab", 5, {1: 2}]:
             with pytest.raises(errors.InvalidArgumentError):
                 await pool.free(bad)  # type: ignore[arg-type]
+            with pytest.raises(errors.InvalidArgumentError):
+                await pool.cache_many(bad)  # type: ignore[arg-type]
+        for bad_pairs in [[(1, 2), (3,)], [(1, 2, 3), (4, 5, 6)], [1, 2]]:
+            with pytest.raises(errors.InvalidArgumentError):
+                await pool.cache_many(bad_pairs)  # type: ignore[arg-type]
+        assert await pool.cache_many([]) == []
         assert (await pool.stats()).num_active == 0
 
 

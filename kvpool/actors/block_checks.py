@@ -50,9 +50,15 @@ def check_releasable(pool: BlockPool, block_ids: object) -> None:
 
 def split_cacheable(pool: BlockPool, pairs: object) -> tuple[list[Any], list[Any]]:
     """The ids and hashes of ``pairs``; raise unless caching each pair in order succeeds."""
+    batch: Any = pairs
     try:
-        block_ids = [block_id for block_id, _ in pairs]  # type: ignore[attr-defined]
-        hashes = [block_hash for _, block_hash in pairs]  # type: ignore[attr-defined]
+        if isinstance(batch, str | bytes) or not isinstance(batch, Sequence):
+            raise TypeError
+        block_ids: list[Any] = []
+        hashes: list[Any] = []
+        if batch:
+            # strict: every pair has the same length; two names: that length is 2.
+            block_ids, hashes = map(list, zip(*batch, strict=True))
     except (TypeError, ValueError):
         raise InvalidArgumentError(
             f"pairs must be a sequence of (block_id, hash) pairs, got {pairs!r}"
@@ -89,7 +95,7 @@ def _fast_copies(pool: BlockPool, block_ids: Sequence[Any]) -> list[Any] | None:
     try:
         if set(map(type, block_ids)) - {int}:
             return None
-        copies = list(map(slots.__getitem__, map(_SLOT_MASK.__and__, block_ids)))
+        copies = [slots[block_id & _SLOT_MASK] for block_id in block_ids]
         if list(map(_ids, copies)) != list(block_ids):
             return None
     except (AttributeError, IndexError, TypeError):  # an empty slot, or out of range
