@@ -11,6 +11,9 @@ workload with the CLI's default flags and prints, best of ``--repeat`` runs:
 - the share of wall time spent awaiting KV calls (`TimedKvClient`): the manager, the
   pool and, for the actor, the round trip through it; the rest is the scheduler, the
   simulation loop and workload generation;
+- for the actor, the share of wall time the actor spends in its own turns (its handlers:
+  manager and pool work, timed around the actor's turn methods), without the task
+  switches of a round trip;
 - from one cProfile run: the share of (profiled) time inside the pool core, the manager
   and hashing, the actor machinery, and the engine.
 
@@ -25,6 +28,7 @@ import cProfile
 import pstats
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 
@@ -33,10 +37,43 @@ from kvpool.engine.runner import KV_BACKENDS, KvFactory, SimulationRun, run_simu
 from kvpool.workloads import RequestSpec, default_workload
 
 
+class ActorTurnTimer:
+    """Adds up the wall time the pool actors spend in their turns (handlers: manager and
+    pool work), by wrapping the actor's turn methods for the benchmark's duration."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __enter__(self) -> ActorTurnTimer:
+        from kvpool.actors.core import Actor
+
+        self._originals = {name: getattr(Actor, name) for name in ("_drain", "_pump")}
+        for name, original in self._originals.items():
+            setattr(Actor, name, self._timed(original))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        from kvpool.actors.core import Actor
+
+        for name, original in self._originals.items():
+            setattr(Actor, name, original)
+
+    def _timed(self, original: Callable[[Any], None]) -> Callable[[Any], None]:
+        def turn(actor: Any) -> None:
+            start = time.perf_counter()
+            try:
+                original(actor)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return turn
+
+
 def run_once(
     requests: list[RequestSpec], workers: int, factory: KvFactory
-) -> tuple[SimulationRun, float, float]:
-    """One simulation: the run, its wall seconds, and seconds spent awaiting KV calls."""
+) -> tuple[SimulationRun, float, float, float]:
+    """One simulation: the run, its wall seconds, seconds spent awaiting KV calls, and
+    seconds the pool actors spent in their turns (0 without actors)."""
     timers: list[TimedKvClient] = []
 
     def wrap(kv: KvClient) -> KvClient:
@@ -49,10 +86,11 @@ def run_once(
             requests, EngineConfig(), workers=workers, kv_factory=factory, wrap_kv=wrap
         )
 
-    start = time.perf_counter()
-    run = anyio.run(go, backend="asyncio", backend_options={"use_uvloop": True})
-    wall = time.perf_counter() - start
-    return run, wall, sum(t.seconds for t in timers)
+    with ActorTurnTimer() as turns:
+        start = time.perf_counter()
+        run = anyio.run(go, backend="asyncio", backend_options={"use_uvloop": True})
+        wall = time.perf_counter() - start
+    return run, wall, sum(t.seconds for t in timers), turns.seconds
 
 
 _GROUPS: list[tuple[str, Callable[[str], bool]]] = [
@@ -109,13 +147,13 @@ def main() -> None:
         f"{args.workers} worker(s), default engine flags, uvloop"
     )
     for name, factory in KV_BACKENDS.items():
-        best: tuple[float, float, SimulationRun] | None = None
+        best: tuple[float, float, float, SimulationRun] | None = None
         for _ in range(args.repeat):
-            run, wall, kv_seconds = run_once(requests, args.workers, factory)
+            run, wall, kv_seconds, turn_seconds = run_once(requests, args.workers, factory)
             if best is None or wall < best[0]:
-                best = (wall, kv_seconds, run)
+                best = (wall, kv_seconds, turn_seconds, run)
         assert best is not None
-        wall, kv_seconds, run = best
+        wall, kv_seconds, turn_seconds, run = best
         total = run.report.total
         assert total.leaked_blocks == 0
         print(f"\n[{name}] best of {args.repeat}")
@@ -127,6 +165,11 @@ def main() -> None:
             f"  awaiting KV calls        {100 * kv_seconds / wall:7.1f} % of wall time "
             "(target < 50 %)"
         )
+        if turn_seconds:
+            print(
+                f"  inside pool actor turns  {100 * turn_seconds / wall:7.1f} % of wall time "
+                "(the actor's own work: manager + pool; target < 50 %)"
+            )
         print(
             f"  preemptions {total.preemptions}, evictions {total.evictions}, "
             f"hit rate {100 * total.prefix_cache_hit_rate:.1f}%"
