@@ -460,10 +460,11 @@ def test_recipe_is_what_it_claims() -> None:
     assert outcome.removed == [0, 11, MAX_HASH, 10]
 
 
-@pytest.mark.parametrize("capacity", [0, -1, 1.0, 4.5, "4", None, True, [4]])
+@pytest.mark.parametrize("capacity", [0, -1, 2**32, 1.0, 4.5, "4", None, True, [4]])
 def test_capacity_must_be_a_positive_int(capacity: object) -> None:
     with pytest.raises(InvalidArgumentError) as raised:
         BlockPool(capacity)  # type: ignore[arg-type]
+    assert isinstance(raised.value, ValueError)  # the contract: a ValueError
     assert _names(str(raised.value), capacity)
 
 
