@@ -143,6 +143,69 @@ def handler_cycles(chains: list[list[int]]) -> float:
     return time.process_time() - started
 
 
+def dispatch_costs(repeats: int) -> dict[str, tuple[float, float]]:
+    """Nanoseconds to find a message's handler: a dict on the type, or a ``match`` whose
+    cases are ordered by expected frequency; for the first and the last case."""
+    from kvpool import messages as m
+
+    kinds = [
+        m.QueryPrefix, m.Admit, m.CacheMany, m.Free, m.Reserve, m.ActivatePrefix,
+        m.AllocatePrivate, m.AllocateCached, m.CachePrivate, m.Release, m.Cancel,
+        m.GetStats, m.CheckInvariants,
+    ]  # fmt: skip
+    table = {kind: index for index, kind in enumerate(kinds)}
+
+    def by_dict(message: Any) -> int:
+        return table[type(message)]
+
+    def by_match(message: Any) -> int:
+        match message:
+            case m.QueryPrefix():
+                return 0
+            case m.Admit():
+                return 1
+            case m.CacheMany():
+                return 2
+            case m.Free():
+                return 3
+            case m.Reserve():
+                return 4
+            case m.ActivatePrefix():
+                return 5
+            case m.AllocatePrivate():
+                return 6
+            case m.AllocateCached():
+                return 7
+            case m.CachePrivate():
+                return 8
+            case m.Release():
+                return 9
+            case m.Cancel():
+                return 10
+            case m.GetStats():
+                return 11
+            case _:
+                return 12
+
+    first, last = m.QueryPrefix(1), m.CheckInvariants()
+    results = {}
+    for name, function in (("dict on type", by_dict), ("match", by_match)):
+        costs = []
+        for message in (first, last):
+            batch = [message] * 10_000
+            best_time = min(_timed(function, batch) for _ in range(repeats))
+            costs.append(best_time / len(batch) * 1e9)
+        results[name] = (costs[0], costs[1])
+    return results
+
+
+def _timed(function: Callable[[Any], int], batch: list[Any]) -> float:
+    started = time.process_time()
+    for message in batch:
+        function(message)
+    return time.process_time() - started
+
+
 def make_chains(count: int, seed: int = 1) -> list[list[int]]:
     """32-hash chains: half of them share one of 16 system prefixes of 8 to 24 blocks."""
     rng = random.Random(seed)
@@ -228,6 +291,10 @@ def main() -> None:
         row = "".join(f"{table['actor', name, clients]:10.2f}" for name in names)
         floor = "".join(f"{table['floor', name, clients]:8.2f}" for name in names)
         print(f"{clients:>8}{row}   |{floor}")
+
+    print("\ndispatch, nanoseconds per message (first kind / last kind of 13)")
+    for name, (first, last) in dispatch_costs(5).items():
+        print(f"  {name:14s} {first:7.1f} / {last:7.1f}")
 
     chains = make_chains(cycles)
     bare = best(repeats, lambda: bare_cycles(chains))
