@@ -17,8 +17,8 @@ import msgspec
 
 from kvpool.actors import Handler, PoolState
 from kvpool.engine.config import EngineConfig
-from kvpool.engine.kv_client import KvUsage, StepOutcome, StepUpdate, apply_step
-from kvpool.errors import InvalidArgumentError, PoolError, UnknownRequestError
+from kvpool.engine.kv_client import KvUsage, StepOutcome, StepUpdate, apply_step, check_step
+from kvpool.errors import InvalidArgumentError, PoolError
 from kvpool.events import KVEvent
 from kvpool.manager import (
     Allocation,
@@ -62,9 +62,7 @@ def _step_extension(slot: _ManagerSlot) -> Any:
         def finish(message: FinishStep) -> StepFinished:
             manager = slot.manager
             assert manager is not None, "the manager extension is built first"
-            for update in message.updates:  # refuse a bad batch before changing anything
-                if update.request_id not in manager:
-                    raise UnknownRequestError(f"request {update.request_id!r} is not registered")
+            check_step(manager, message.updates)  # a clean refusal: nothing changed yet
             try:
                 outcome = apply_step(manager, message.updates)
             except PoolError as exc:
@@ -114,42 +112,68 @@ class ActorKvClient:
         return self._client.capacity
 
     async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+        """Register a request; returns None. Raises as `KvClient.add_request`.
+        Cancellation: skipped, or undone (forgotten again while it holds no block)."""
         await self._client.add_request(request_id, prompt_token_ids)
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Append tokens; returns None. Raises as `KvClient.append_tokens`.
+        Cancellation: skipped if still queued, otherwise it took effect."""
         await self._client.append_tokens(request_id, token_ids)
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
+        """Return the request's `PrefillCost`. Raises `UnknownRequestError`.
+        Cancellation: skipped or simply unread."""
         return await self._client.prefill_cost(request_id)
 
     async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
+        """Return the `Allocation`, or None if it does not fit now (never waits).
+        Raises as `KvClient.allocate`. Cancellation: skipped, or undone (the blocks it
+        added released leaf first)."""
         return await self._client.allocate(request_id, num_tokens)
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
+        """Move the watermark; returns None. Raises as `KvClient.mark_computed`.
+        Cancellation: skipped if still queued, otherwise it took effect."""
         await self._client.mark_computed(request_id, num_computed_tokens)
 
     async def free(self, request_id: str) -> None:
+        """Release and forget the request; returns None. Raises `UnknownRequestError`.
+        Cancellation: runs anyway once posted."""
         await self._client.free(request_id)
 
     async def preempt(self, request_id: str) -> None:
+        """Release the request's blocks, keeping it; returns None. Raises
+        `UnknownRequestError`. Cancellation: runs anyway once posted."""
         await self._client.preempt(request_id)
 
     async def take_events(self) -> list[KVEvent]:
+        """Drain and return the queued events. Cancellation: skipped, or undone (the
+        events go back ahead of newer ones)."""
         return await self._client.take_events()
 
     async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
+        """Apply a step's updates, drain the events, read the usage, in one actor turn;
+        return the `StepOutcome`. Raises `UnknownRequestError` (nothing changed) for an
+        unknown request, `PoolCrashed` if an update fails half-way (a caller bug).
+        Cancellation: runs anyway once posted (it returns blocks); if its reply is never
+        read, the drained events are put back."""
         reply: StepFinished = await self._call(FinishStep(updates))
         usage = KvUsage(reply.num_active, reply.num_inactive, reply.capacity)
         return StepOutcome(reply.events, usage)
 
     async def usage(self) -> KvUsage:
+        """Return the pool's occupancy. Cancellation: skipped or simply unread."""
         usage = await self._client.usage()
         return KvUsage(usage.num_active, usage.num_inactive, usage.capacity)
 
     async def stats(self) -> ManagerStats:
+        """Return the manager's counters. Cancellation: skipped or simply unread."""
         return await self._client.stats()
 
     async def check_invariants(self) -> None:
+        """Check the manager and pool; returns None. A breach crashes the actor
+        (`PoolCrashed`). Cancellation: skipped or simply unread."""
         await self._client.check_invariants()
 
 

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import msgspec
 
+from kvpool.errors import UnknownRequestError
 from kvpool.events import KVEvent
 from kvpool.manager import Allocation, KvManager, ManagerStats, PrefillCost
 from kvpool.pool import BlockPool
@@ -54,10 +55,15 @@ class StepOutcome(msgspec.Struct, frozen=True, gc=False):
 
 
 class KvClient(Protocol):
-    """What the engine needs from its KV manager; the manager's rules, awaited.
+    """What the engine needs from its KV manager: `KvManager`'s calls, awaited.
 
-    Cancelling a call of an in-process client never interrupts it (it does not yield);
-    for an actor-backed client, see that client's documentation.
+    Each call returns and raises what the `KvManager` method of the same name does (a
+    `kvpool.errors.PoolError` that changed nothing); an actor-backed client also raises
+    `PoolClosed` / `PoolCrashed` once its actor is gone. Cancellation: an in-process
+    client never yields, so a call cannot be interrupted; an actor-backed client follows
+    the actor's contract (a call is skipped if still queued, undone if it handed
+    something out and its reply was never read, and a call giving blocks back runs
+    anyway), documented on `ActorKvClient`.
     """
 
     @property
@@ -71,61 +77,96 @@ class KvClient(Protocol):
         ...
 
     async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
-        """Register a request with its prompt (`KvManager.add_request`)."""
+        """Register a request with its prompt; returns None.
+
+        Raises `DuplicateRequestError` or `InvalidArgumentError`.
+        """
         ...
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
-        """Append generated tokens to a request (`KvManager.append_tokens`)."""
+        """Append generated tokens to a request; returns None.
+
+        Raises `UnknownRequestError` or `InvalidArgumentError`.
+        """
         ...
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
-        """The prefix a first allocation would reuse now (`KvManager.prefill_cost`)."""
+        """Return the prefix a first allocation would reuse now and what it would need.
+
+        Raises `UnknownRequestError`.
+        """
         ...
 
     async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
-        """Grow the table to hold ``num_tokens``; None if it does not fit, nothing changed."""
+        """Grow the table to hold ``num_tokens``; return the `Allocation`, or None when
+        it does not fit (nothing changed).
+
+        Raises `UnknownRequestError`, `TokenCountError`, `CapacityError`.
+        """
         ...
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
-        """Move the visibility watermark (`KvManager.mark_computed`)."""
+        """Move the visibility watermark; returns None.
+
+        Raises `UnknownRequestError` or `TokenCountError`.
+        """
         ...
 
     async def free(self, request_id: str) -> None:
-        """Release a finished request's blocks leaf first and forget it."""
+        """Release a finished request's blocks leaf first and forget it; returns None.
+
+        Raises `UnknownRequestError`.
+        """
         ...
 
     async def preempt(self, request_id: str) -> None:
-        """Release a request's blocks leaf first, keeping its tokens for recomputation."""
+        """Release a request's blocks leaf first, keeping its tokens; returns None.
+
+        Raises `UnknownRequestError`.
+        """
         ...
 
     async def take_events(self) -> list[KVEvent]:
-        """Drain the router-visible events queued so far, oldest first."""
+        """Drain and return the router-visible events queued so far, oldest first."""
         ...
 
     async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
-        """Apply a step's updates in order, then drain the events and read the usage.
+        """Apply a step's updates in order (append, mark, free), then drain the events
+        and read the usage; return both as a `StepOutcome`.
 
-        One call (one actor turn) for everything a step does after its schedule. Raises
-        what the manager calls raise; an actor-backed client treats a failure half-way as
-        a bug (`PoolCrashed`).
+        One call for everything a step does after its schedule. Raises
+        `UnknownRequestError` (nothing changed) for an update naming an unknown request;
+        a manager error half-way is a bug in the caller (an actor-backed client crashes
+        with `PoolCrashed`).
         """
         ...
 
     async def usage(self) -> KvUsage:
-        """The pool's occupancy now."""
+        """Return the pool's occupancy now."""
         ...
 
     async def stats(self) -> ManagerStats:
-        """The manager's counters (prefix queries and hits, evictions, preemptions)."""
+        """Return the manager's counters (prefix queries and hits, evictions, ...)."""
         ...
 
     async def check_invariants(self) -> None:
-        """Re-derive the pool's state; raise `InvariantViolation` if it is inconsistent."""
+        """Re-derive the pool's state; returns None, raises `InvariantViolation` (a bug)."""
         ...
 
 
+def check_step(manager: KvManager, updates: list[StepUpdate]) -> None:
+    """Raise `UnknownRequestError` if an update names a request the manager does not know."""
+    for update in updates:
+        if update.request_id not in manager:
+            raise UnknownRequestError(f"request {update.request_id!r} is not registered")
+
+
 def apply_step(manager: KvManager, updates: list[StepUpdate]) -> StepOutcome:
-    """`KvClient.finish_step` on a `KvManager`: the updates, then the events and usage."""
+    """`KvClient.finish_step` on a `KvManager`: the updates, then the events and usage.
+
+    Raises `UnknownRequestError`, changing nothing, if an update names an unknown request.
+    """
+    check_step(manager, updates)
     for update in updates:
         request_id = update.request_id
         if update.append:
