@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from kvpool.engine import EngineConfig, LocalKvClient, MockEngine, StepResult
+from kvpool.engine import EngineConfig, LocalKvClient, MockEngine, StepResult, StepUpdate
+from kvpool.errors import UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import KvManager, PrefillCost
 from kvpool.pool import BlockPool
@@ -334,3 +335,16 @@ async def test_the_engine_tracks_active_blocks_exactly_within_a_step() -> None:
     await run_steps(engine)
     assert kv.checks > engine.stats.completed  # blocked heads were re-checked too
     assert engine.stats.preemptions > 0
+
+
+async def test_a_step_update_for_an_unknown_request_changes_nothing() -> None:
+    kv = LocalKvClient.create(16, 4)
+    await kv.add_request("r", list(range(10)))
+    assert await kv.allocate("r", 10) is not None
+    before = await kv.usage()
+    with pytest.raises(UnknownRequestError, match="ghost"):
+        await kv.finish_step([StepUpdate("r", [], 8, True), StepUpdate("ghost", [], -1, True)])
+    assert await kv.usage() == before
+    assert "r" in kv.manager
+    assert kv.manager.num_computed_tokens("r") == 0
+    assert await kv.take_events() == []

@@ -164,8 +164,7 @@ class ActorKvClient:
 
     async def usage(self) -> KvUsage:
         """Return the pool's occupancy. Cancellation: skipped or simply unread."""
-        usage = await self._client.usage()
-        return KvUsage(usage.num_active, usage.num_inactive, usage.capacity)
+        return await self._client.usage()
 
     async def stats(self) -> ManagerStats:
         """Return the manager's counters. Cancellation: skipped or simply unread."""

@@ -16,21 +16,12 @@ import msgspec
 
 from kvpool.errors import UnknownRequestError
 from kvpool.events import KVEvent
-from kvpool.manager import Allocation, KvManager, ManagerStats, PrefillCost
+from kvpool.manager import Allocation, KvManager, ManagerStats, PoolUsage, PrefillCost
 from kvpool.pool import BlockPool
 
-
-class KvUsage(msgspec.Struct, frozen=True, gc=False):
-    """The pool's occupancy: ``num_active`` (in use or reserved) and evictable blocks."""
-
-    num_active: int
-    num_inactive: int
-    capacity: int
-
-    @property
-    def fraction(self) -> float:
-        """KV usage as vLLM reports it: active blocks over capacity (0.0 when idle)."""
-        return self.num_active / self.capacity
+KvUsage = PoolUsage
+"""The pool's occupancy (`kvpool.manager.PoolUsage`): ``num_active`` blocks in use or
+reserved, ``num_inactive`` evictable ones, ``capacity``; ``fraction`` is the KV usage."""
 
 
 class StepUpdate(msgspec.Struct, frozen=True, gc=False, array_like=True):
