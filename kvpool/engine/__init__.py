@@ -1,8 +1,9 @@
 """A vLLM v1-style mock engine over the KV manager, and a multi-engine simulation.
 
 `MockEngine` schedules requests through one pool (see `kvpool.engine.engine` for the
-rules), `Simulation` runs several engines on a workload in simulated time, and
-`build_report` summarises a run.
+rules), `Simulation` runs several engines on a workload in simulated time,
+`run_simulation` opens one KV client per engine (a pool actor each, `open_actor_kv`, or
+an inline manager, `open_local_kv`), runs, and returns the `Report`.
 """
 
 from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
@@ -24,9 +25,17 @@ from kvpool.engine.report import (
     format_report,
     report_json,
 )
+from kvpool.engine.runner import (
+    KV_BACKENDS,
+    SimulationRun,
+    open_actor_kv,
+    open_local_kv,
+    run_simulation,
+)
 from kvpool.engine.simulation import Dispatch, Simulation
 
 __all__ = [
+    "KV_BACKENDS",
     "Dispatch",
     "Distribution",
     "EngineConfig",
@@ -38,6 +47,7 @@ __all__ = [
     "PreemptionMode",
     "Report",
     "Simulation",
+    "SimulationRun",
     "StepOutcome",
     "StepResult",
     "StepUpdate",
@@ -46,5 +56,8 @@ __all__ = [
     "WorkerReport",
     "build_report",
     "format_report",
+    "open_actor_kv",
+    "open_local_kv",
     "report_json",
+    "run_simulation",
 ]
