@@ -159,7 +159,7 @@ def test_eviction_rejects_head_with_predecessor() -> None:
     assert pool.cache_private(block, 7)
     pool.release(block)
 
-    head = pool._lru.next
+    head = pool._lru.next  # type: ignore[attr-defined]
     assert head is not None
     assert head.id == block
     head.prev = head
