@@ -13,7 +13,9 @@ class EngineStats:
 
     Prefix-cache queries and hits are in tokens, counted once per admission the way the
     manager counts them: the request's tokens at that moment, and the cached prefix its
-    first allocation reused. ``usage`` is sampled once per step, after the step.
+    first allocation reused; with prefix caching off nothing is queried (both stay 0, as
+    vLLM reports no prefix-cache stats then). ``usage`` is sampled once per step, after
+    the step (idle time between steps is not sampled).
     """
 
     submitted: int = 0
