@@ -2,7 +2,7 @@
 
 Exit status: 0 on success, 2 for a bad flag, 1 for bad input (an unreadable or malformed
 trace, a missing optional dependency, a socket that cannot be bound) or a run that
-leaked KV blocks. Input is validated before anything runs.
+leaked KV blocks, 130 when interrupted. Input is validated before anything runs.
 """
 
 from __future__ import annotations
@@ -335,6 +335,12 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     progress = ProgressBar(sys.stderr) if _show_progress(args) else None
     try:
         run = _run(args, backend, options, config, requests, workload, sinks, progress)
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.close()
+            progress = None
+        print("kvpool simulate: interrupted", file=sys.stderr)
+        return 130
     finally:
         if progress is not None:
             progress.close()

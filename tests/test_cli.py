@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import signal
 import socket
 import subprocess
 import sys
@@ -433,6 +434,40 @@ def test_a_progress_bar_is_drawn_on_a_terminal() -> None:
     assert f"{total}/{total} requests 100%".encode() in drawn
     quiet = kvpool("simulate", "--sessions", "10", "--no-progress", stderr=subprocess.PIPE)
     assert quiet.stderr == ""
+
+
+def test_an_interrupted_run_exits_130_without_a_traceback() -> None:
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvpool", "simulate", "--speedup-ratio", "2"],
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            cwd=ROOT,
+        )
+        seen = b""
+        while b"requests" not in seen:  # the progress bar: the run has started
+            seen += os.read(controller, 4096)
+        process.send_signal(signal.SIGINT)
+        stdout, _ = process.communicate(timeout=60)
+        os.close(terminal)
+        terminal = -1
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        os.close(controller)
+    assert process.returncode == 130
+    assert b"kvpool simulate: interrupted" in seen
+    assert b"Traceback" not in seen
+    assert stdout == b""
 
 
 def test_json_report_decodes_into_the_report_type() -> None:
