@@ -1,7 +1,7 @@
 """Pool actor cost: microseconds per round trip, and a block workload against a bare pool.
 
-Run:  python benchmarks/bench_actor.py            (about 30 s)
-      python benchmarks/bench_actor.py --quick    (a few seconds, smaller counts)
+Run:  python benchmarks/bench_actor.py            (about 40 s)
+      python benchmarks/bench_actor.py --quick    (about 10 s, smaller counts)
 
 1. Round trip: N concurrent client tasks each await ``prefix_hit`` (a trivial call) in a
    loop; the figure is CPU time / total calls, for N in 1, 10, 100, 1000, on asyncio,
@@ -268,8 +268,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts, fewer repeats")
     args = parser.parse_args()
-    calls = 20_000 if args.quick else 100_000
-    cycles = 1_000 if args.quick else 4_000
+    calls = 10_000 if args.quick else 40_000
+    cycles = 500 if args.quick else 2_000
     repeats = 2 if args.quick else 3
 
     names = [name for name, _, _ in backends()]

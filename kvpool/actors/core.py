@@ -6,7 +6,7 @@ a time, so each handler call is one atomic turn. It knows nothing about block po
 
 Mailbox: a deque of ``(message, slot)`` pairs. Posting appends and wakes the actor, so it
 never blocks and cannot be half-done; the actor drains the whole deque in one go before
-sleeping again, which is what keeps a round trip near a microsecond under load.
+sleeping again, so under load one wake-up serves many calls (benchmarks/bench_actor.py).
 """
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ class Handler(Generic[M, R]):
     ``gives_back`` marks calls that return ownership (release, cancel, free): they run
     even if their caller stopped waiting, and after them the actor retries its waiters.
 
-    ``waits(message)`` marks requests that may return `WAIT`: such a request joins the
-    FIFO behind earlier waiters without being tried, and the waiters are retried in
-    order whenever a ``gives_back`` call or an undo ran, or a waiter left.
+    ``waits(message)`` marks requests that may return `WAIT`. Such a request is tried at
+    once only when nobody waits; otherwise it joins the FIFO behind the earlier waiters
+    untried. Waiters are retried in order, head first, whenever a ``gives_back`` call or
+    an undo ran or a waiter left, and the head blocks everyone behind it.
     """
 
     handle: Callable[[M], R | Wait]
