@@ -6,9 +6,11 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
    compute (one while decoding), within the step's token budget
    (``max_num_batched_tokens``). A request whose new tokens need a block that does not
    fit preempts a victim - the newest running request (LIFO, vLLM's rule) or the oldest
-   (FIFO) - until it fits or is itself the victim. A victim's blocks are released leaf
-   first, its computed count drops to 0 and it goes back to the *front* of the waiting
-   queue; a victim already scheduled this step is unscheduled.
+   (FIFO) - until it fits or is itself the victim (then the next running request, if
+   any, is tried: under LIFO there is none). A victim's blocks are released leaf first,
+   its computed count drops to 0 and it goes back to the *front* of the waiting queue; a
+   victim already scheduled this step (FIFO) is unscheduled and its tokens return to
+   the budget.
 2. *Then waiting requests*, first come first served, while the budget lasts, fewer than
    ``max_num_seqs`` run, and no request was preempted this step. A request's first
    allocation reuses its cached prefix (always leaving its last token to compute); the
