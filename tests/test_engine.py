@@ -348,3 +348,19 @@ async def test_a_step_update_for_an_unknown_request_changes_nothing() -> None:
     assert "r" in kv.manager
     assert kv.manager.num_computed_tokens("r") == 0
     assert await kv.take_events() == []
+
+
+async def test_a_fifo_victim_already_scheduled_gives_its_tokens_back() -> None:
+    engine, _ = make_engine(
+        num_gpu_blocks=6, block_size=4, preemption_mode="fifo", max_num_batched_tokens=64
+    )
+    for name, prompt in (("A", 6), ("B", 6), ("C", 7)):
+        await engine.submit(spec(name, prompt, 10))
+    await engine.step()  # prefill: 2 blocks each, the pool is full
+    await engine.step()  # A and B reach 8 tokens, C 9: only C needs a third block
+    step = await engine.step()
+    # A was scheduled first, then chosen as the (oldest) victim when C did not fit
+    assert step.preempted == ["A"]
+    assert step.scheduled == {"B": 1, "C": 1}
+    assert [r.request_id for r in engine.running] == ["B", "C"]
+    assert engine.waiting[0].request_id == "A"
