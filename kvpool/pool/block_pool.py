@@ -69,7 +69,6 @@ class BlockPool:
         "_capacity",
         "_dups",
         "_free",
-        "_high",
         "_id_limit",
         "_lru",
         "_next_id",
@@ -84,9 +83,10 @@ class BlockPool:
         if type(capacity) is not int or not 1 <= capacity < _MAX_CAPACITY:
             raise InvalidArgumentError(f"capacity must be an int in [1, 2**32), got {capacity!r}")
         self._capacity: int = capacity
-        self._slots: list[Copy | None] = [None] * capacity
-        self._free: list[int] = []  # released slots below `_high`, reused LIFO
-        self._high = 0  # slots at or above this index were never used
+        # Grows with use up to `capacity` (copies never outnumber it): memory follows
+        # the blocks in use, not the capacity asked for.
+        self._slots: list[Copy | None] = []
+        self._free: list[int] = []  # empty slots, reused LIFO
         # Hashes travel as the caller's int objects (typed object): narrowing one to int
         # would make the compiled code unbox it and box a fresh copy for every store.
         self._by_hash: dict[object, Copy] = {}
@@ -220,18 +220,18 @@ class BlockPool:
         if fresh <= 0:  # a cancelled reservation has none left either
             _exhausted(reservation)
         reservation._fresh = fresh - 1
-        free = self._free
-        if free:
-            slot = free.pop()
-        else:
-            slot = self._high
-            self._high = slot + 1
         block_id = self._next_id
         if block_id >= self._id_limit:
             block_id = self._take_ids()
         self._next_id = block_id + _ID_STEP
-        block_id |= slot
-        self._slots[slot] = Copy(block_id, None, 1)
+        free = self._free
+        if free:
+            slot = free.pop()
+            block_id |= slot
+            self._slots[slot] = Copy(block_id, None, 1)
+        else:
+            block_id |= len(self._slots)
+            self._slots.append(Copy(block_id, None, 1))
         self._reserved -= 1
         self._num_copies += 1
         self._refs += 1
@@ -247,19 +247,20 @@ class BlockPool:
         if not _is_hash(block_hash):
             _bad_hash(block_hash)
         reservation._fresh = fresh - 1
-        free = self._free
-        if free:
-            slot = free.pop()
-        else:
-            slot = self._high
-            self._high = slot + 1
         block_id = self._next_id
         if block_id >= self._id_limit:
             block_id = self._take_ids()
         self._next_id = block_id + _ID_STEP
-        block_id |= slot
-        copy = Copy(block_id, block_hash, 1)
-        self._slots[slot] = copy
+        free = self._free
+        if free:
+            slot = free.pop()
+            block_id |= slot
+            copy = Copy(block_id, block_hash, 1)
+            self._slots[slot] = copy
+        else:
+            block_id |= len(self._slots)
+            copy = Copy(block_id, block_hash, 1)
+            self._slots.append(copy)
         self._reserved -= 1
         self._num_copies += 1
         self._refs += 1
@@ -273,7 +274,7 @@ class BlockPool:
         if type(block_id) is not int:
             _unknown(block_id)
         slot = block_id & _SLOT_MASK
-        copy = self._slots[slot] if slot < self._capacity else None
+        copy = self._slots[slot] if slot < len(self._slots) else None
         if copy is None or copy.id != block_id:
             _unknown(block_id)
         if copy.hash is not None:
@@ -294,7 +295,7 @@ class BlockPool:
         if type(block_id) is not int:
             _unknown(block_id)
         slot = block_id & _SLOT_MASK
-        copy = self._slots[slot] if slot < self._capacity else None
+        copy = self._slots[slot] if slot < len(self._slots) else None
         if copy is None or copy.id != block_id:
             _unknown(block_id)
         if copy.hash is None:
@@ -413,14 +414,10 @@ class BlockPool:
             _require(copy.id not in live, f"copy {copy.id} occupies two slots")
             live[copy.id] = copy
         _require(len(live) == self._num_copies, "live copy count does not match its counter")
-        _require(self._high <= self._capacity, "slot high-water mark exceeds capacity")
+        _require(len(self._slots) <= self._capacity, "more slots than capacity")
         _require(
-            sorted(self._free) == [s for s in range(self._high) if self._slots[s] is None],
-            "free-slot list does not match the empty slots below the high-water mark",
-        )
-        _require(
-            all(self._slots[s] is None for s in range(self._high, self._capacity)),
-            "a slot above the high-water mark is occupied",
+            sorted(self._free) == [s for s, c in enumerate(self._slots) if c is None],
+            "free-slot list does not match the empty slots",
         )
         _require(self._reserved >= 0, "reserved capacity is negative")
         _require(
