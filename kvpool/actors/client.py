@@ -1,15 +1,17 @@
 """The async client of the pool actor: one method per message, plus lease and reservation.
 
-Every method is a checkpoint (it always yields), returns what the `BlockPool` method of
-the same name returns and raises the same `PoolError` classes, plus `PoolClosed` after
-the pool shut down and `PoolCrashed` after the actor died of a bug.
+Every method returns an awaitable (a coroutine) that is a checkpoint: it always yields.
+Awaited, it returns what the `BlockPool` method of the same name returns and raises the
+same `PoolError` classes, plus `PoolClosed` after the pool shut down and `PoolCrashed`
+after the actor died of a bug. Nothing is sent before the awaitable is awaited.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Literal, NoReturn, overload
 
 import anyio
@@ -38,6 +40,16 @@ from kvpool.pool import BlockId, PrefixHit
 
 _GET_STATS = GetStats()
 _CHECK_INVARIANTS = CheckInvariants()
+# Replies' fields, picked inside the actor's call: a client method that only unwraps a
+# reply returns that call's coroutine instead of wrapping it in one more.
+_hit = attrgetter("hit")
+_stats = attrgetter("stats")
+_visible = attrgetter("visible")
+_admission = attrgetter("admission")
+
+
+def _nothing(_reply: Any) -> None:
+    return None
 
 
 class ActorReservation:
@@ -137,27 +149,23 @@ class PoolClient:
 
     # ------------------------------------------------------------- queries
 
-    async def prefix_hit(self, block_hash: int) -> PrefixHit | None:
+    def prefix_hit(self, block_hash: int) -> Awaitable[PrefixHit | None]:
         """Whether ``block_hash`` is resident and whether its first copy is in use.
 
         Raises InvalidHashError. Cancellation: a query; nothing to undo.
         """
-        reply = await self._call(QueryPrefix(block_hash))
-        hit: PrefixHit | None = reply.hit
-        return hit
+        return self._call(QueryPrefix(block_hash), _hit)
 
-    async def stats(self) -> PoolStats:
+    def stats(self) -> Awaitable[PoolStats]:
         """Occupancy plus cumulative counters. Cancellation: a query; nothing to undo."""
-        reply = await self._call(_GET_STATS)
-        stats: PoolStats = reply.stats
-        return stats
+        return self._call(_GET_STATS, _stats)
 
-    async def check_invariants(self) -> None:
+    def check_invariants(self) -> Awaitable[None]:
         """Re-derive the pool's state; a breach crashes the actor (PoolCrashed here).
 
         Cancellation: a query; nothing to undo.
         """
-        await self._call(_CHECK_INVARIANTS)
+        return self._call(_CHECK_INVARIANTS, _nothing)
 
     # -------------------------------------------------------- reservations
 
@@ -248,28 +256,26 @@ class PoolClient:
 
     # -------------------------------------------------------------- blocks
 
-    async def cache_private(self, block_id: BlockId, block_hash: int) -> bool:
+    def cache_private(self, block_id: BlockId, block_hash: int) -> Awaitable[bool]:
         """Make a private copy findable; True iff it is the hash's first resident copy.
 
         Raises UnknownBlockError, AlreadyCachedError, InvalidHashError. Cancellation:
         skipped if the actor had not reached it, else it took effect.
         """
-        reply = await self._call(CachePrivate(block_id, block_hash))
-        visible: bool = reply.visible
-        return visible
+        return self._call(CachePrivate(block_id, block_hash), _visible)
 
-    async def release(self, block_id: BlockId) -> None:
+    def release(self, block_id: BlockId) -> Awaitable[None]:
         """Drop one reference to ``block_id``. Raises UnknownBlockError,
         BlockNotReferencedError. Takes effect once posted, even if the caller is then
         cancelled.
         """
-        await self._call(Release(block_id))
+        return self._call(Release(block_id), _nothing)
 
     # ------------------------------------------------------------- batches
 
-    async def admit(
+    def admit(
         self, chain: Sequence[int], extra: int = 0, *, wait: bool = False
-    ) -> Admission | None:
+    ) -> Awaitable[Admission | None]:
         """In one turn: reuse ``chain``'s resident prefix, allocate the rest and ``extra``.
 
         Returns the `Admission`, or None when it does not fit now and ``wait`` is false
@@ -279,27 +285,23 @@ class PoolClient:
         Cancellation at any point (queued, waiting, replied but unread): either the
         admission is returned, or no trace of it is left (its blocks are freed).
         """
-        reply = await self._call(Admit(chain, extra, wait))  # type: ignore[arg-type]
-        admission: Admission | None = reply.admission
-        return admission
+        return self._call(Admit(chain, extra, wait), _admission)  # type: ignore[arg-type]
 
-    async def cache_many(self, pairs: Sequence[tuple[BlockId, int]]) -> list[bool]:
+    def cache_many(self, pairs: Sequence[tuple[BlockId, int]]) -> Awaitable[list[bool]]:
         """`cache_private` for every ``(block_id, hash)`` pair in one turn, all or nothing.
 
         Returns the visibility flags in order. Raises as `cache_private` (naming the
         first bad pair) and changes nothing. Cancellation: as `cache_private`.
         """
-        reply = await self._call(CacheMany(pairs))  # type: ignore[arg-type]
-        visible: list[bool] = reply.visible
-        return visible
+        return self._call(CacheMany(pairs), _visible)  # type: ignore[arg-type]
 
-    async def free(self, block_ids: Sequence[BlockId]) -> None:
+    def free(self, block_ids: Sequence[BlockId]) -> Awaitable[None]:
         """Release every block, last first (leaf first), all or nothing.
 
         Raises InvalidArgumentError, UnknownBlockError, BlockNotReferencedError and
         releases nothing. Takes effect once posted, even if the caller is then cancelled.
         """
-        await self._call(Free(block_ids))  # type: ignore[arg-type]
+        return self._call(Free(block_ids), _nothing)  # type: ignore[arg-type]
 
     @overload
     def lease(

@@ -160,8 +160,11 @@ class Actor:
         """Whether messages of type ``kind`` have a handler."""
         return kind in self._handlers
 
-    async def call(self, message: Any) -> Any:
+    async def call(self, message: Any, unwrap: Callable[[Any], Any] | None = None) -> Any:
         """Send ``message`` and return its handler's reply; always a checkpoint.
+
+        With ``unwrap`` the caller gets ``unwrap(reply)`` instead (one coroutine less
+        for a client method that only picks a field).
 
         Raises what the handler raised, `PoolClosed` / `PoolCrashed` once the actor is
         gone, or `InvalidArgumentError` for a message kind without a handler.
@@ -232,36 +235,18 @@ class Actor:
         while queue:
             message, slot = queue.popleft()
             handler = handlers[type(message)]
+            if slot is None or waiters or handler.gives_back or slot.cancelled():
+                self._handle_with_care(message, slot, handler)
+                if self._status is not Status.OPEN:
+                    return
+                continue
+            # The common case: a live caller, nobody waiting, nothing given back.
             try:
-                if slot is None:  # an undo, posted by a caller that never read its reply
-                    handler.handle(message)
-                    self._dirty = True
-                    if waiters:
-                        self._pump()
-                    continue
-                if slot.cancelled():
-                    if handler.gives_back:
-                        self._dirty = True
-                        try:
-                            handler.handle(message)
-                        except InvariantViolation:
-                            raise
-                        except PoolError:
-                            pass  # a mistake nobody is left to hear about
-                        if waiters:
-                            self._pump()
-                    continue
-                if waiters and handler.waits is not None and handler.waits(message):
-                    waiters.append((message, slot, handler))
-                    continue
                 reply = handler.handle(message)
             except InvariantViolation as exc:
                 self._crash(exc, slot)
                 return
             except PoolError as exc:
-                if slot is None:
-                    self._crash(exc, None)
-                    return
                 slot.set_exception(exc)
                 continue
             except BaseException as exc:
@@ -273,14 +258,60 @@ class Actor:
                 waiters.append((message, slot, handler))
             else:
                 slot.set_result(reply)
-            if handler.gives_back:
-                self._dirty = True
-            if self._dirty and waiters:
-                # Capacity came back: the waiters get it before later requests do.
-                self._pump()
-                if self._status is not Status.OPEN:
-                    return
         if self._dirty and waiters:
+            self._pump()
+
+    def _handle_with_care(
+        self, message: Any, slot: ReplySlot | None, handler: Handler[Any, Any]
+    ) -> None:
+        """One message off the fast path: an undo, a give-back, an abandoned call, or
+        a call arriving while others wait."""
+        waiters = self._waiters
+        try:
+            if slot is None:  # an undo, posted by a caller that never read its reply
+                handler.handle(message)
+                self._dirty = True
+                if waiters:
+                    self._pump()
+                return
+            if slot.cancelled():
+                if handler.gives_back:
+                    self._dirty = True
+                    try:
+                        handler.handle(message)
+                    except InvariantViolation:
+                        raise
+                    except PoolError:
+                        pass  # a mistake nobody is left to hear about
+                    if waiters:
+                        self._pump()
+                return
+            if waiters and handler.waits is not None and handler.waits(message):
+                waiters.append((message, slot, handler))
+                return
+            reply = handler.handle(message)
+        except InvariantViolation as exc:
+            self._crash(exc, slot)
+            return
+        except PoolError as exc:
+            if slot is None:
+                self._crash(exc, None)
+                return
+            slot.set_exception(exc)
+            return
+        except BaseException as exc:
+            self._crash(exc, slot)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if reply is WAIT:
+            waiters.append((message, slot, handler))
+        else:
+            slot.set_result(reply)
+        if handler.gives_back:
+            self._dirty = True
+        if self._dirty and waiters:
+            # Capacity came back: the waiters get it before later requests do.
             self._pump()
 
     def _pump(self) -> None:

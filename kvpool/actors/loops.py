@@ -10,7 +10,7 @@ in one coroutine per loop because every layer costs a measurable share of a micr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sniffio
@@ -31,7 +31,7 @@ class AsyncioActor(Actor):
         self._new_future = asyncio.get_running_loop().create_future
         self._sleeper: asyncio.Future[None] | None = None
 
-    async def call(self, message: Any) -> Any:
+    async def call(self, message: Any, unwrap: Callable[[Any], Any] | None = None) -> Any:
         handler = self._handlers.get(type(message))
         if handler is None or self._status is not _OPEN:
             return await self._refuse(message)
@@ -43,7 +43,7 @@ class AsyncioActor(Actor):
             if not sleeper.done():
                 sleeper.set_result(None)
         try:
-            return await slot
+            reply = await slot
         except BaseException:
             # Torn away while queued or being handled: task.cancel() has already
             # cancelled the future, so the actor sees the call abandoned. Torn away
@@ -56,6 +56,7 @@ class AsyncioActor(Actor):
             elif handler.undo is not None and slot.exception() is None:
                 self.give_back(message, slot.result(), handler.undo)
             raise
+        return reply if unwrap is None else unwrap(reply)
 
     def _wake(self) -> None:
         sleeper = self._sleeper
@@ -155,7 +156,7 @@ class TrioActor(Actor):
         _trio.bind()
         self._sleeper: Any = None
 
-    async def call(self, message: Any) -> Any:
+    async def call(self, message: Any, unwrap: Callable[[Any], Any] | None = None) -> Any:
         if type(message) not in self._handlers or self._status is not _OPEN:
             return await self._refuse(message)
         slot = _TrioSlot(_trio.current_task())
@@ -165,11 +166,12 @@ class TrioActor(Actor):
             self._sleeper = None
             _trio.reschedule(sleeper)
         try:
-            return await _trio.wait_task_rescheduled(slot.abort)
+            reply = await _trio.wait_task_rescheduled(slot.abort)
         except BaseException:
             if slot._abandoned:
                 self.waiter_left()
             raise
+        return reply if unwrap is None else unwrap(reply)
 
     def _wake(self) -> None:
         sleeper = self._sleeper
