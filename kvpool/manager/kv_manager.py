@@ -180,14 +180,10 @@ class KvManager:
         needed = -(-len(state.tokens) // self._block_size)
         if state.table:
             return PrefillCost(0, 0, max(0, needed - len(state.table)))
-        hit = self._pool.prefix_hit
-        prefix = self._prefix_of(state)
-        active = 0
-        for block_hash in prefix:
-            found = hit(block_hash)
-            if found is not None and found.is_active:
-                active += 1
-        return PrefillCost(len(prefix), active, max(0, needed - len(prefix)))
+        if not self._caching or not state.tokens:
+            return PrefillCost(0, 0, needed)
+        cached, active = self._pool.match_prefix(state.hashes, self._prefix_limit(state))
+        return PrefillCost(cached, active, max(0, needed - cached))
 
     def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
         """Grow the request's table to hold ``num_tokens`` tokens.
@@ -438,15 +434,12 @@ class KvManager:
         leaving at least the last token to compute (vLLM's ``num_tokens - 1`` cap)."""
         if not self._caching or not state.tokens:
             return []
-        hashes = state.hashes
-        limit = min(len(hashes), (len(state.tokens) - 1) // self._block_size)
-        hit = self._pool.prefix_hit
-        prefix: list[int] = []
-        for i in range(limit):
-            if hit(hashes[i]) is None:
-                break
-            prefix.append(hashes[i])
-        return prefix
+        cached, _ = self._pool.match_prefix(state.hashes, self._prefix_limit(state))
+        return state.hashes[:cached]
+
+    def _prefix_limit(self, state: RequestState) -> int:
+        """At most this many leading blocks are reused: the last token is always computed."""
+        return (len(state.tokens) - 1) // self._block_size
 
     def _promote(self, state: RequestState, start: int, stop: int) -> None:
         """Cache table blocks ``[start, stop)`` and queue Stored events for new hashes."""

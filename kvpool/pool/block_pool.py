@@ -126,6 +126,36 @@ class BlockPool:
             return None
         return ACTIVE_HIT if copy.holds else INACTIVE_HIT
 
+    def match_prefix(self, hashes: object, limit: object = None) -> tuple[int, int]:
+        """Walk ``hashes`` root first until the first miss (at most ``limit`` of them).
+
+        Returns ``(hits, active)``: how many leading hashes are resident and how many of
+        those have an active first copy; the answers of one `prefix_hit` per hash, in
+        one call. Raises `InvalidHashError` for a malformed hash before the first miss.
+        """
+        hashes = hashes if type(hashes) is list else _as_list(hashes)
+        if limit is None:
+            limit = len(hashes)
+        elif type(limit) is not int or limit < 0:
+            raise InvalidArgumentError(f"limit must be an int >= 0 or None, got {limit!r}")
+        by_hash = self._by_hash
+        hits = active = 0
+        for block_hash in hashes:
+            if hits >= limit:
+                break
+            try:
+                copy = by_hash.get(block_hash)
+            except TypeError:  # unhashable
+                _bad_hash(block_hash)
+            if copy is None or type(block_hash) is not int:
+                if not _is_hash(block_hash):
+                    _bad_hash(block_hash)
+                break
+            hits += 1
+            if copy.holds:
+                active += 1
+        return hits, active
+
     def num_active(self) -> int:
         """Copies in use plus reserved capacity: what vLLM reports as used blocks."""
         return self._num_copies - self._num_inactive + self._reserved
