@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvpool.errors import (
     AlreadyCachedError,
@@ -29,9 +29,17 @@ _hashes = attrgetter("hash")
 _refs = attrgetter("refs")
 
 
+def is_sequence(value: object) -> TypeGuard[Sequence[Any]]:
+    """A sequence of items, not a string: lists and tuples answer without the ABC check."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return True
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
+
+
 def check_releasable(pool: BlockPool, block_ids: object) -> None:
     """Raise unless releasing every id of ``block_ids`` (duplicates count) would succeed."""
-    if isinstance(block_ids, str | bytes) or not isinstance(block_ids, Sequence):
+    if not is_sequence(block_ids):
         raise InvalidArgumentError(f"block_ids must be a sequence of ints, got {block_ids!r}")
     copies = _fast_copies(pool, block_ids)
     if copies is not None and len(set(block_ids)) == len(block_ids) and 0 not in map(_refs, copies):
@@ -52,7 +60,7 @@ def split_cacheable(pool: BlockPool, pairs: object) -> tuple[list[Any], list[Any
     """The ids and hashes of ``pairs``; raise unless caching each pair in order succeeds."""
     batch: Any = pairs
     try:
-        if isinstance(batch, str | bytes) or not isinstance(batch, Sequence):
+        if not is_sequence(batch):
             raise TypeError
         block_ids: list[Any] = []
         hashes: list[Any] = []
@@ -96,7 +104,7 @@ def _fast_copies(pool: BlockPool, block_ids: Sequence[Any]) -> list[Any] | None:
         if set(map(type, block_ids)) - {int}:
             return None
         copies = [slots[block_id & _SLOT_MASK] for block_id in block_ids]
-        if list(map(_ids, copies)) != list(block_ids):
+        if list(map(_ids, copies)) != (block_ids if type(block_ids) is list else list(block_ids)):
             return None
     except (AttributeError, IndexError, TypeError):  # an empty slot, or out of range
         return None

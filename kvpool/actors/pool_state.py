@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from kvpool.actors.block_checks import check_releasable, split_cacheable
+from kvpool.actors.block_checks import check_releasable, is_sequence, split_cacheable
 from kvpool.actors.core import WAIT, Handler, Wait
 from kvpool.errors import (
     CapacityError,
@@ -313,7 +313,7 @@ def _bad_handle(handle: object, next_handle: int) -> NoReturn:
 
 
 def _check_chain(chain: object) -> None:
-    if isinstance(chain, str | bytes) or not isinstance(chain, Sequence):
+    if not is_sequence(chain):
         raise InvalidArgumentError(f"chain must be a sequence of ints, got {chain!r}")
     if not chain or (set(map(type, chain)) == {int} and min(chain) >= 0 and max(chain) <= MAX_HASH):
         return
