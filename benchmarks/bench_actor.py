@@ -222,11 +222,7 @@ def bare_cycles(chains: list[list[int]]) -> float:
     pool = BlockPool(CAPACITY)
     started = time.process_time()
     for chain in chains:
-        hits = 0
-        for block_hash in chain:
-            if pool.prefix_hit(block_hash) is None:
-                break
-            hits += 1
+        hits, _active = pool.match_prefix(chain)
         outcome = pool.reserve(chain[:hits], len(chain) - hits)
         assert outcome is not None
         reservation = outcome.reservation

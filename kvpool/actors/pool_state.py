@@ -233,15 +233,7 @@ class PoolState:
                 f"a chain of {len(chain)} blocks plus {extra} extra can never fit "
                 f"in a pool of {pool.capacity}"
             )
-        hits = 0
-        active = 0
-        prefix_hit = pool.prefix_hit
-        for block_hash in chain:
-            hit = prefix_hit(block_hash)
-            if hit is None:
-                break
-            hits += 1
-            active += hit.is_active
+        hits, active = pool.match_prefix(chain)
         prefix = chain[:hits] if hits < len(chain) else chain
         outcome = pool.reserve(prefix, len(chain) - hits + extra)
         if outcome is None:
