@@ -37,20 +37,19 @@ class Workload:
 
 
 def make_workload(capacity: int, requests: int, seed: int = 0) -> Workload:
-    """Chains of 16..48 blocks: a shared system prompt (8..24 blocks) plus a unique suffix.
+    """Chains of 12..48 blocks: a shared system prompt (8..24 blocks) plus a unique suffix.
 
-    The number of system prompts and the number of requests in flight scale with the
-    capacity, so the share of reserves that evict stays about the same at every size.
+    Like an engine's batch: at most 256 requests in flight (vLLM's default max_num_seqs),
+    fewer when the pool could not hold them, over 32 system prompts of Zipf-like
+    popularity. The same requests run at every capacity; the capacity only decides how
+    much history stays cached, and the unique suffixes keep every reserve evicting.
     """
     rng = random.Random(seed)
-    in_flight = max(4, capacity // 64)
-    prompts = [
-        [rng.getrandbits(64) for _ in range(rng.randint(8, 24))]
-        for _ in range(max(4, capacity // 40))
-    ]
+    in_flight = min(256, max(4, capacity // 64))
+    prompts = [[rng.getrandbits(64) for _ in range(rng.randint(8, 24))] for _ in range(32)]
+    weights = [1 / (rank + 1) for rank in range(len(prompts))]
     chains = []
-    for _ in range(requests):
-        system = prompts[min(int(rng.paretovariate(1.2)) - 1, len(prompts) - 1)]
+    for system in rng.choices(prompts, weights, k=requests):
         suffix = [rng.getrandbits(64) for _ in range(rng.randint(4, 24))]
         chains.append(system + suffix)
     lifetimes = [rng.randint(1, in_flight) for _ in range(requests)]

@@ -250,22 +250,7 @@ class BlockPool:
         if fresh <= 0:  # a cancelled reservation has none left either
             _exhausted(reservation)
         reservation._fresh = fresh - 1
-        block_id = self._next_id
-        if block_id >= self._id_limit:
-            block_id = self._take_ids()
-        self._next_id = block_id + _ID_STEP
-        free = self._free
-        if free:
-            slot = free.pop()
-            block_id |= slot
-            self._slots[slot] = Copy(block_id, None, 1)
-        else:
-            block_id |= len(self._slots)
-            self._slots.append(Copy(block_id, None, 1))
-        self._reserved -= 1
-        self._num_copies += 1
-        self._refs += 1
-        return BlockId(block_id)
+        return BlockId(self._new_copy(None).id)
 
     def allocate_cached(self, reservation: object, block_hash: object) -> tuple[BlockId, bool]:
         """Allocate straight into the cache; True iff the hash became visible (0 -> 1)."""
@@ -277,27 +262,11 @@ class BlockPool:
         if not _is_hash(block_hash):
             _bad_hash(block_hash)
         reservation._fresh = fresh - 1
-        block_id = self._next_id
-        if block_id >= self._id_limit:
-            block_id = self._take_ids()
-        self._next_id = block_id + _ID_STEP
-        free = self._free
-        if free:
-            slot = free.pop()
-            block_id |= slot
-            copy = Copy(block_id, block_hash, 1)
-            self._slots[slot] = copy
-        else:
-            block_id |= len(self._slots)
-            copy = Copy(block_id, block_hash, 1)
-            self._slots.append(copy)
-        self._reserved -= 1
-        self._num_copies += 1
-        self._refs += 1
+        copy = self._new_copy(block_hash)
         if self._by_hash.setdefault(block_hash, copy) is copy:
-            return BlockId(block_id), True
+            return BlockId(copy.id), True
         self._add_duplicate(block_hash, copy)
-        return BlockId(block_id), False
+        return BlockId(copy.id), False
 
     def cache_private(self, block_id: object, block_hash: object) -> bool:
         """Make a private copy findable; True iff it is the hash's first resident copy."""
@@ -381,6 +350,25 @@ class BlockPool:
             reservation._fresh = 0
 
     # -------------------------------------------------------------- internals
+
+    def _new_copy(self, block_hash: object) -> Copy:
+        """Spend one reserved unit on a copy holding one reference, in a free slot."""
+        block_id = self._next_id
+        if block_id >= self._id_limit:
+            block_id = self._take_ids()
+        self._next_id = block_id + _ID_STEP
+        free = self._free
+        if free:
+            slot = free.pop()
+            copy = Copy(block_id | slot, block_hash, 1)
+            self._slots[slot] = copy
+        else:
+            copy = Copy(block_id | len(self._slots), block_hash, 1)
+            self._slots.append(copy)
+        self._reserved -= 1
+        self._num_copies += 1
+        self._refs += 1
+        return copy
 
     def _take_ids(self) -> int:
         """Claim the next process-wide range of ids; returns its first (slot-less) id."""
