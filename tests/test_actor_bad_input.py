@@ -222,7 +222,7 @@ async def test_free_or_cache_many_of_a_non_sequence_is_an_invalid_argument() -> 
                 await pool.free(bad)  # type: ignore[arg-type]
             with pytest.raises(errors.InvalidArgumentError):
                 await pool.cache_many(bad)  # type: ignore[arg-type]
-        for bad_pairs in [[(1, 2), (3,)], [(1, 2, 3), (4, 5, 6)], [1, 2]]:
+        for bad_pairs in [[(3,), (1, 2)], [(1, 2, 3), (4, 5, 6)], [1, 2], ["ab"]]:
             with pytest.raises(errors.InvalidArgumentError):
                 await pool.cache_many(bad_pairs)  # type: ignore[arg-type]
         assert await pool.cache_many([]) == []
