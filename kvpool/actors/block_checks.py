@@ -7,8 +7,9 @@ table (a ``BlockId`` is ``serial << 32 | slot``; a slot holds a `Copy` with ``id
 internals, and tests/test_actor_bad_input.py pins their behaviour.
 
 Written as plain typed loops, one pass per batch: interpreted they cost about what
-``map``-based passes cost, and compiled with mypyc (like the pool core, see setup.py)
-they run several times faster.
+``map``-based passes cost; compiled with mypyc together with the pool core (setup.py)
+they read the slots natively, which made the actor workload's handlers ~1.3-1.5x
+faster in a trial build.
 """
 
 from __future__ import annotations
