@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from kvpool.events import EventSink, ZmqEventPublisher
 
 _DEFAULTS = EngineConfig()
+_MAX_PORT = 65535
 _TIMING = TimingModel()
 
 _DESCRIPTION = """\
@@ -52,7 +53,7 @@ examples:
 """
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
+def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -60,6 +61,8 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
 
     parse.__name__ = "int"
@@ -220,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument(
         "--zmq-kv-event-port",
-        type=_int_at_least(1),
+        type=_int_at_least(1, _MAX_PORT),
         metavar="PORT",
         help="publish each worker's KV events vLLM-style on a ZMQ PUB socket at "
         "PORT + rank (needs pyzmq)",
@@ -303,6 +306,12 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except PoolError as exc:
         parser.error(str(exc))
+    port = args.zmq_kv_event_port
+    if port is not None and port + args.workers - 1 > _MAX_PORT:
+        parser.error(
+            f"--zmq-kv-event-port: worker {args.workers - 1} would publish on port "
+            f"{port + args.workers - 1}, above {_MAX_PORT}"
+        )
     # Everything that can fail on input fails here, before the run starts.
     try:
         requests, workload = _load_workload(args)

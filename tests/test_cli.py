@@ -205,6 +205,9 @@ def test_a_missing_trace_file_is_an_error(tmp_path: Path) -> None:
         (["--speedup-ratio", "-1"], "must be a finite number >= 0"),
         (["--preemption-mode", "random"], "invalid choice"),
         (["--loop", "gevent"], "invalid choice"),
+        # ZMQ would bind these modulo 65536 (70000 -> 4464) without a word
+        (["--zmq-kv-event-port", "70000"], "must be <= 65535"),
+        (["--zmq-kv-event-port", "65535", "--workers", "2"], "port 65536, above 65535"),
     ],
 )
 def test_a_bad_flag_is_a_usage_error(flags: list[str], message: str) -> None:

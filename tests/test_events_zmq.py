@@ -327,6 +327,21 @@ def test_endpoint_offset_by_rank_like_vllm(endpoint: str | None, rank: int, expe
     assert offset_endpoint_port(endpoint, rank) == expected
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "rank"),
+    [("tcp://*:70000", 0), ("tcp://*:65535", 1), ("tcp://127.0.0.1:65536", 0)],
+)
+def test_a_port_beyond_65535_is_refused_not_wrapped(
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, rank: int
+) -> None:
+    # ZMQ would bind tcp://*:70000 to port 70000 - 65536 = 4464 without a word
+    with pytest.raises(InvalidArgumentError, match="port"):
+        offset_endpoint_port(endpoint, rank)
+    with pytest.raises(InvalidArgumentError, match="port"):
+        ZmqEventPublisher(rank, endpoint=endpoint, context=ctx)
+    ctx.term()  # nothing was opened, so this returns
+
+
 @pytest.mark.anyio
 async def test_publish_from_async_code_and_aclose(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     with anyio.fail_after(GUARD_MS / 1000):

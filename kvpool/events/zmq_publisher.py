@@ -55,6 +55,7 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 DEFAULT_ENDPOINT = "tcp://*:5557"
 _POLL_MS = 100
+_MAX_PORT = 65535
 
 
 def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str | None:
@@ -63,20 +64,31 @@ def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str |
     Rank 0 and None are unchanged; ``inproc://x`` gets the suffix ``_dp<rank>``; a tcp
     endpoint's port grows by the rank (a wildcard ``*`` or ``0`` port, kvpool's
     addition, stays as it is). Raises `InvalidArgumentError` for any other endpoint
-    with a rank above 0 (vLLM raises ``ValueError`` there too).
+    with a rank above 0 (vLLM raises ``ValueError`` there too), and for a tcp port that
+    ends up above 65535 (ZMQ would silently bind that port modulo 65536).
     """
-    if not endpoint or data_parallel_rank == 0:
+    if not endpoint:
         return endpoint
     if "inproc" in endpoint:
-        return f"{endpoint}_dp{data_parallel_rank}"
+        return f"{endpoint}_dp{data_parallel_rank}" if data_parallel_rank else endpoint
     if "tcp" in endpoint:
         base, sep, port = endpoint.rpartition(":")
         if not sep or port in ("*", "0"):
             return endpoint
         try:
-            return f"{base}:{int(port) + data_parallel_rank}"
+            number = int(port) + data_parallel_rank
         except ValueError:
+            if data_parallel_rank == 0:
+                return endpoint  # ZMQ itself judges what it cannot offset
             raise InvalidArgumentError(f"invalid tcp port in endpoint {endpoint!r}") from None
+        if number > _MAX_PORT:
+            raise InvalidArgumentError(
+                f"tcp port {number} (endpoint {endpoint!r} + rank {data_parallel_rank}) "
+                f"is above {_MAX_PORT}"
+            )
+        return f"{base}:{number}" if data_parallel_rank else endpoint
+    if data_parallel_rank == 0:
+        return endpoint
     raise InvalidArgumentError(f"invalid endpoint {endpoint!r}: must contain 'inproc' or 'tcp'")
 
 
