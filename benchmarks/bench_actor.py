@@ -256,33 +256,37 @@ async def actor_cycles(chains: list[list[int]], clients: int) -> float:
         return time.process_time() - started
 
 
-def best(repeats: int, run: Callable[[], float]) -> float:
-    return min(run() for _ in range(repeats))
+def interleaved(variants: dict[Any, Callable[[], float]], repeats: int) -> dict[Any, float]:
+    """Best time of each variant, the repeats taken in turns so that a noisy neighbour
+    on this shared machine slows every variant alike rather than one of them."""
+    times: dict[Any, list[float]] = {key: [] for key in variants}
+    for _ in range(repeats):
+        for key, run in variants.items():
+            times[key].append(run())
+    return {key: min(values) for key, values in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts, fewer repeats")
     args = parser.parse_args()
-    calls = 10_000 if args.quick else 40_000
-    cycles = 500 if args.quick else 2_000
-    repeats = 2 if args.quick else 3
+    calls = 10_000 if args.quick else 20_000
+    cycles = 300 if args.quick else 1_000
+    repeats = 2 if args.quick else 5
 
     names = [name for name, _, _ in backends()]
     print(
         f"round trip, microseconds of CPU per call (prefix_hit; {calls} calls, best of {repeats})"
     )
     print(f"{'clients':>8}" + "".join(f"{name:>10}" for name in names) + "   | floor: no actor")
-    table = {}
+    variants: dict[Any, Callable[[], float]] = {}
     for name, backend, options in backends():
         for clients in (1, 10, 100, 1000):
             for kind, bench in (("actor", round_trips), ("floor", ping_pong_floor)):
-                table[kind, name, clients] = best(
-                    repeats,
-                    lambda f=bench, c=clients, b=backend, o=options: anyio.run(
-                        f, c, calls, backend=b, backend_options=o
-                    ),
+                variants[kind, name, clients] = lambda f=bench, c=clients, b=backend, o=options: (
+                    anyio.run(f, c, calls, backend=b, backend_options=o)
                 )
+    table = interleaved(variants, repeats)
     for clients in (1, 10, 100, 1000):
         row = "".join(f"{table['actor', name, clients]:10.2f}" for name in names)
         floor = "".join(f"{table['floor', name, clients]:8.2f}" for name in names)
@@ -293,8 +297,18 @@ def main() -> None:
         print(f"  {name:14s} {first:7.1f} / {last:7.1f}")
 
     chains = make_chains(cycles)
-    bare = best(repeats, lambda: bare_cycles(chains))
-    handlers = best(repeats, lambda: handler_cycles(chains))
+    workload: dict[Any, Callable[[], float]] = {
+        "bare": lambda: bare_cycles(chains),
+        "handlers": lambda: handler_cycles(chains),
+    }
+    for name, backend, options in backends():
+        for clients in (1, 16):
+            workload[name, clients] = lambda c=clients, b=backend, o=options: anyio.run(
+                actor_cycles, chains, c, backend=b, backend_options=o
+            )
+    times = interleaved(workload, repeats)
+    bare = times.pop("bare")
+    handlers = times.pop("handlers")
     print(
         f"\nworkload: {cycles} cycles of admit({CHAIN}) + cache_many + free, "
         f"capacity {CAPACITY}, CPU time, best of {repeats}"
@@ -304,18 +318,11 @@ def main() -> None:
         f"  actor handlers, no loop:   {handlers / cycles * 1e6:8.2f} us/cycle"
         f"  ratio {bare / handlers:5.2f}x of bare"
     )
-    for name, backend, options in backends():
-        for clients in (1, 16):
-            through = best(
-                repeats,
-                lambda c=clients, b=backend, o=options: anyio.run(
-                    actor_cycles, chains, c, backend=b, backend_options=o
-                ),
-            )
-            print(
-                f"  actor {name:8s} {clients:3d} clients: {through / cycles * 1e6:8.2f} us/cycle"
-                f"  ratio {bare / through:5.2f}x of bare"
-            )
+    for (name, clients), through in times.items():
+        print(
+            f"  actor {name:8s} {clients:3d} clients: {through / cycles * 1e6:8.2f} us/cycle"
+            f"  ratio {bare / through:5.2f}x of bare"
+        )
 
 
 if __name__ == "__main__":
