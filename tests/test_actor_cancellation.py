@@ -11,6 +11,7 @@ import anyio.abc
 import anyio.lowlevel
 import msgspec
 import pytest
+import uvloop
 
 from kvpool.actors import Handler, PoolClient, PoolState, open_pool
 from kvpool.actors.loops import new_actor
@@ -177,10 +178,13 @@ async def test_reservation_spending_calls_are_all_or_nothing_under_cancellation(
 # ------------------------------------- asyncio: a reply delivered but never read
 
 
-@pytest.mark.asyncio
+ASYNCIO_LOOPS = [pytest.param(asyncio.run, id="asyncio"), pytest.param(uvloop.run, id="uvloop")]
+
+
+@pytest.mark.parametrize("run", ASYNCIO_LOOPS)
 @pytest.mark.parametrize("kind", ["reserve", "admit", "activate_prefix", "allocate_private"])
-async def test_an_unread_reply_is_undone_by_the_actor(
-    kind: str, monkeypatch: pytest.MonkeyPatch
+def test_an_unread_reply_is_undone_by_the_actor(
+    kind: str, run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Plain asyncio task.cancel() lands even after the reply is in the future, which
     # is exactly the "replied but not read" window; a spy proves the sweep hit it.
@@ -194,37 +198,40 @@ async def test_an_unread_reply_is_undone_by_the_actor(
 
         monkeypatch.setattr(PoolState, name, spy)
 
-    async with open_pool(8) as pool:
-        prefix = await _seeded(pool)
-        before = await _counts(pool)
-        for delay in range(6):
-            outcome = await pool.reserve(prefix, 2)
-            assert outcome is not None
-            reservation = outcome.reservation
-            calls = {
-                "reserve": lambda: pool.reserve(prefix, 2),
-                "admit": lambda: pool.admit([1, 2, 3]),
-                "activate_prefix": lambda r=reservation: pool.activate_prefix(r),
-                "allocate_private": lambda r=reservation: pool.allocate_private(r),
-            }
-            task = asyncio.get_running_loop().create_task(calls[kind]())
-            for _ in range(delay):
-                await asyncio.sleep(0)
-            task.cancel()
-            try:
-                result = await task
-            except asyncio.CancelledError:
-                pass
-            else:  # completed before the cancel: the test owns the result
-                if kind == "reserve":
-                    await pool.cancel(result.reservation)
-                elif kind == "admit":
-                    await pool.free(result.blocks)
-                else:
-                    await pool.free(result if isinstance(result, list) else [result])
-            await _drain_reservation(pool, reservation)
-            assert await _counts(pool) == before, f"cancelled after {delay} loop turns"
-        await pool.check_invariants()
+    async def scenario() -> None:
+        async with open_pool(8) as pool:
+            prefix = await _seeded(pool)
+            before = await _counts(pool)
+            for delay in range(6):
+                outcome = await pool.reserve(prefix, 2)
+                assert outcome is not None
+                reservation = outcome.reservation
+                calls = {
+                    "reserve": lambda: pool.reserve(prefix, 2),
+                    "admit": lambda: pool.admit([1, 2, 3]),
+                    "activate_prefix": lambda r=reservation: pool.activate_prefix(r),
+                    "allocate_private": lambda r=reservation: pool.allocate_private(r),
+                }
+                task = asyncio.get_running_loop().create_task(calls[kind]())
+                for _ in range(delay):
+                    await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    result = await task
+                except asyncio.CancelledError:
+                    pass
+                else:  # completed before the cancel: the test owns the result
+                    if kind == "reserve":
+                        await pool.cancel(result.reservation)
+                    elif kind == "admit":
+                        await pool.free(result.blocks)
+                    else:
+                        await pool.free(result if isinstance(result, list) else [result])
+                await _drain_reservation(pool, reservation)
+                assert await _counts(pool) == before, f"cancelled after {delay} loop turns"
+            await pool.check_invariants()
+
+    run(scenario())
     assert undone, "no cancellation landed between the reply and its reading"
 
 

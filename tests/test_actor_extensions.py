@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+import uvloop
 
 from kvpool.actors import WAIT, Handler, PoolState, Wait, open_actor, open_pool
 from kvpool.errors import CapacityError, InvalidArgumentError, PoolClosed
@@ -61,26 +62,31 @@ async def test_an_extension_runs_in_the_pools_actor_with_its_stats() -> None:
         assert (await pool.stats()).num_active == 0
 
 
-@pytest.mark.asyncio
-async def test_an_extensions_unread_reply_is_undone() -> None:
-    async with open_pool(4, extensions=[touch_extension]) as pool:
-        seed = await pool.admit([5])
-        assert seed is not None
-        await pool.cache_many([(seed.blocks[0], 5)])
-        await pool.free(seed.blocks)
-        for delay in range(5):
-            task = asyncio.get_running_loop().create_task(pool.call(Touch(5)))
-            for _ in range(delay):
-                await asyncio.sleep(0)
-            task.cancel()
-            try:
-                reply = await task
-            except asyncio.CancelledError:
-                pass
-            else:
-                await pool.free(reply.ids)
-            stats = await pool.stats()
-            assert (stats.num_active, stats.num_active_refs) == (0, 0)
+@pytest.mark.parametrize(
+    "run", [pytest.param(asyncio.run, id="asyncio"), pytest.param(uvloop.run, id="uvloop")]
+)
+def test_an_extensions_unread_reply_is_undone(run: Any) -> None:
+    async def scenario() -> None:
+        async with open_pool(4, extensions=[touch_extension]) as pool:
+            seed = await pool.admit([5])
+            assert seed is not None
+            await pool.cache_many([(seed.blocks[0], 5)])
+            await pool.free(seed.blocks)
+            for delay in range(5):
+                task = asyncio.get_running_loop().create_task(pool.call(Touch(5)))
+                for _ in range(delay):
+                    await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    reply = await task
+                except asyncio.CancelledError:
+                    pass
+                else:
+                    await pool.free(reply.ids)
+                stats = await pool.stats()
+                assert (stats.num_active, stats.num_active_refs) == (0, 0)
+
+    run(scenario())
 
 
 @pytest.mark.anyio
