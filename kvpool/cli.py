@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 _DEFAULTS = EngineConfig()
 _MAX_PORT = 65535
+_SUBSCRIBER_GRACE_S = 0.5  # five of a ZMQ subscriber's reconnection intervals
 _TIMING = TimingModel()
 
 _DESCRIPTION = """\
@@ -226,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int_at_least(1, _MAX_PORT),
         metavar="PORT",
         help="publish each worker's KV events vLLM-style on a ZMQ PUB socket at "
-        "PORT + rank (needs pyzmq)",
+        "PORT + rank (needs pyzmq); the run starts 0.5 s after binding, so subscribers "
+        "started before kvpool see every batch from sequence 0",
     )
     cluster.add_argument(
         "--zmq-kv-event-host",
@@ -340,6 +343,8 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         sinks = _open_sinks(args)
     except Exception as exc:  # zmq.ZMQError (bind), ImportError (no pyzmq), PoolError
         return _fail(f"--zmq-kv-event-port: {exc}")
+    if sinks:
+        _await_subscribers(sinks)
 
     progress = ProgressBar(sys.stderr) if _show_progress(args) else None
     try:
@@ -390,6 +395,20 @@ def _open_sinks(args: argparse.Namespace) -> list[ZmqEventPublisher] | None:
             sink.close()
         raise
     return sinks
+
+
+def _await_subscribers(publishers: Sequence[ZmqEventPublisher]) -> None:
+    """Say where events go, then give subscribers that are already dialling time to join.
+
+    A SUB socket started before kvpool retries its connection every 100 ms (ZMQ's
+    default) and a PUB socket drops what it sends before a subscription arrives; a run
+    at full speed publishes hundreds of batches in that time, so without this pause a
+    router would miss the first ones (a child before its parent, a Removed of a hash it
+    never saw) and the stream would not start at sequence 0.
+    """
+    where = ", ".join(f"{p.endpoint} (worker {p.data_parallel_rank})" for p in publishers)
+    print(f"kvpool simulate: publishing KV events on {where}", file=sys.stderr)
+    time.sleep(_SUBSCRIBER_GRACE_S)
 
 
 def _show_progress(args: argparse.Namespace) -> bool:
