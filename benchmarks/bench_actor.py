@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -275,6 +277,8 @@ def main() -> None:
     repeats = 2 if args.quick else 5
 
     names = [name for name, _, _ in backends()]
+    print(f"reproduce: python benchmarks/bench_actor.py{' --quick' if args.quick else ''}")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
     print(
         f"round trip, microseconds of CPU per call (prefix_hit; {calls} calls, best of {repeats})"
     )
