@@ -6,10 +6,12 @@ only when a plot is asked for.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from kvpool.engine.engine import MockEngine
+from kvpool.engine.metrics import EngineStats
 
 _MAX_POINTS = 4000  # per line: a plot need not draw every step
 
@@ -24,6 +26,28 @@ def require_matplotlib() -> None:
         ) from exc
 
 
+def plot_series(
+    stats: EngineStats, max_points: int = _MAX_POINTS
+) -> tuple[list[float], list[float], list[float]]:
+    """An engine's per-step samples, thinned to about ``max_points``: simulated times,
+    KV usage (%) and cumulative hit rate (%, NaN before the first query: undefined, not 0).
+
+    The last sample is always kept: it is the idle cache after the last request (0%).
+    """
+    count = len(stats.sample_times)
+    stride = max(1, count // max_points)
+    picked = list(range(0, count, stride))
+    if picked and picked[-1] != count - 1:
+        picked.append(count - 1)
+    times = [stats.sample_times[i] for i in picked]
+    usage = [100 * stats.usage[i] for i in picked]
+    rates = [
+        100 * stats.hit_samples[i] / stats.query_samples[i] if stats.query_samples[i] else math.nan
+        for i in picked
+    ]
+    return times, usage, rates
+
+
 def write_plot(engines: Sequence[MockEngine], path: str | Path) -> None:
     """Draw each engine's KV usage and cumulative hit rate against simulated time to ``path``.
 
@@ -36,16 +60,7 @@ def write_plot(engines: Sequence[MockEngine], path: str | Path) -> None:
     figure = Figure(figsize=(9, 6), layout="constrained")
     usage_axes, hit_axes = figure.subplots(2, 1, sharex=True)
     for engine in engines:
-        stats = engine.stats
-        stride = max(1, len(stats.sample_times) // _MAX_POINTS)
-        times = stats.sample_times[::stride]
-        usage = [100 * u for u in stats.usage[::stride]]
-        rates = [
-            100 * hits / queries if queries else 0.0
-            for hits, queries in zip(
-                stats.hit_samples[::stride], stats.query_samples[::stride], strict=True
-            )
-        ]
+        times, usage, rates = plot_series(engine.stats)
         label = f"worker {engine.rank}"
         usage_axes.plot(times, usage, linewidth=0.8, label=label, drawstyle="steps-post")
         hit_axes.plot(times, rates, linewidth=1.2, label=label)
