@@ -172,7 +172,7 @@ def main() -> None:
             )
         print(
             f"  preemptions {total.preemptions}, evictions {total.evictions}, "
-            f"hit rate {100 * total.prefix_cache_hit_rate:.1f}%"
+            f"hit rate {100 * (total.prefix_cache_hit_rate or 0.0):.1f}%"
         )
         if not args.no_profile:
             print("  cProfile, share of profiled time:")

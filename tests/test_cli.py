@@ -307,6 +307,7 @@ def test_switches_change_the_simulation() -> None:
 
     no_caching = run("--no-enable-prefix-caching")
     assert no_caching["prefix_cache_queries"] == no_caching["prefix_cache_hits"] == 0
+    assert no_caching["prefix_cache_hit_rate"] is None  # nothing asked: no rate, not 0%
     no_chunking = run("--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096")
     assert no_chunking["requests_completed"] > 0
     fifo = run("--preemption-mode", "fifo", "--num-gpu-blocks", "400")

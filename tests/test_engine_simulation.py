@@ -156,3 +156,17 @@ async def test_the_same_workload_gives_the_same_report() -> None:
     second = await run_simulation(requests, CONFIG, workers=2, kv_factory=open_local_kv)
     assert first.report.total == second.report.total
     assert first.report.workers == second.report.workers
+
+
+async def test_without_prefix_caching_the_hit_rate_reads_n_a_not_0() -> None:
+    requests = SyntheticWorkload(seed=4, num_sessions=3).requests()
+    config = EngineConfig(num_gpu_blocks=160, enable_prefix_caching=False)
+    report = (await run_simulation(requests, config)).report
+    assert report.total.prefix_cache_queries == 0
+    assert report.total.prefix_cache_hit_rate is None
+    [row] = [line for line in format_report(report).splitlines() if "hit rate" in line]
+    assert row.split()[-1] == "n/a"
+    cached = (await run_simulation(requests, EngineConfig(num_gpu_blocks=160))).report
+    assert cached.total.prefix_cache_hit_rate == pytest.approx(
+        cached.total.prefix_cache_hits / cached.total.prefix_cache_queries
+    )

@@ -35,7 +35,8 @@ class WorkerReport(msgspec.Struct, frozen=True):
 
     Token counts: ``prompt_tokens`` and ``generated_tokens`` of the requests served;
     ``prefill_tokens_computed`` counts every prompt token computed, recomputation after
-    preemption included, cached ones excluded. Prefix-cache figures are in tokens.
+    preemption included, cached ones excluded. Prefix-cache figures are in tokens;
+    ``prefix_cache_hit_rate`` is None when nothing was queried (prefix caching off).
     ``kv_usage`` is sampled after every step (active blocks over capacity); ``ttft_s``
     and ``latency_s`` are simulated seconds from arrival to first and last token.
     ``leaked_blocks`` is the pool's active count after the run: 0 unless a block leaked.
@@ -53,7 +54,7 @@ class WorkerReport(msgspec.Struct, frozen=True):
     busy_s: float
     prefix_cache_queries: int
     prefix_cache_hits: int
-    prefix_cache_hit_rate: float
+    prefix_cache_hit_rate: float | None
     kv_usage: Distribution
     preemptions: int
     evictions: int
@@ -99,7 +100,7 @@ def worker_report(
         busy_s=sum(s.busy_s for s in stats),
         prefix_cache_queries=queries,
         prefix_cache_hits=hits,
-        prefix_cache_hit_rate=hits / queries if queries else 0.0,
+        prefix_cache_hit_rate=hits / queries if queries else None,
         kv_usage=Distribution.of([u for s in stats for u in s.usage]),
         preemptions=total("preemptions"),
         evictions=total("evictions"),
@@ -148,8 +149,8 @@ def format_report(report: Report) -> str:
     heads = [f"worker {w.worker}" for w in report.workers] if len(report.workers) > 1 else []
     heads.append("total")
 
-    def pct(x: float) -> str:
-        return f"{100 * x:.1f}%"
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%"
 
     def secs(x: float) -> str:
         return f"{x:.3f}s"
