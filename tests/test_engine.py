@@ -8,7 +8,7 @@ import math
 import pytest
 
 from kvpool.engine import EngineConfig, LocalKvClient, MockEngine, StepResult, StepUpdate
-from kvpool.errors import UnknownRequestError
+from kvpool.errors import InvariantViolation, UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import KvManager, PrefillCost
 from kvpool.pool import BlockPool
@@ -364,3 +364,14 @@ async def test_a_fifo_victim_already_scheduled_gives_its_tokens_back() -> None:
     assert step.scheduled == {"B": 1, "C": 1}
     assert [r.request_id for r in engine.running] == ["B", "C"]
     assert engine.waiting[0].request_id == "A"
+
+
+async def test_the_local_client_checks_the_managers_invariants_not_only_the_pools() -> None:
+    kv = LocalKvClient.create(8, 4)
+    await kv.add_request("r", list(range(10)))
+    await kv.allocate("r", 10)
+    await kv.mark_computed("r", 10)
+    await kv.check_invariants()
+    kv.manager._requests["r"].visible = 1  # corrupt on purpose: two blocks are visible
+    with pytest.raises(InvariantViolation, match="watermark"):
+        await kv.check_invariants()

@@ -141,7 +141,8 @@ class KvClient(Protocol):
         ...
 
     async def check_invariants(self) -> None:
-        """Re-derive the pool's state; returns None, raises `InvariantViolation` (a bug)."""
+        """Re-derive the manager's and the pool's state; returns None, raises
+        `InvariantViolation` (a bug)."""
         ...
 
 
@@ -240,7 +241,7 @@ class LocalKvClient:
         return self._manager.stats()
 
     async def check_invariants(self) -> None:
-        self._pool.check_invariants()
+        self._manager.check_invariants()  # the pool's own invariants included
 
 
 class TimedKvClient:
