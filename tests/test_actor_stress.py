@@ -5,6 +5,7 @@ hold, and every task finished."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from collections.abc import Awaitable
@@ -12,8 +13,9 @@ from typing import Any
 
 import anyio
 import pytest
+import uvloop
 
-from kvpool.actors import ActorReservation, PoolClient, open_pool
+from kvpool.actors import ActorReservation, PoolClient, PoolState, open_pool
 from kvpool.errors import PrefixNotResidentError
 
 TASKS = 5000
@@ -145,3 +147,78 @@ async def test_thousands_of_interrupted_lifecycles_leak_nothing() -> None:
             assert 0 < interrupted[0] < TASKS
             assert stats.evictions > 0
             assert stats.reserve_failures > 0
+
+
+# ------------------- plain asyncio cancellation: it can land on a reply not yet read
+
+
+async def _asyncio_worker(pool: PoolClient, rng: random.Random) -> None:
+    owned: list[Any] = []
+    reservation: ActorReservation | None = None
+    try:
+        async with asyncio.timeout(rng.choice([None, 0, 1e-5, 1e-4, 1e-3])):
+            for _ in range(rng.randint(1, 4)):
+                if rng.random() < 0.5:
+                    root = rng.randrange(4) * 100
+                    chain = [root + k for k in range(rng.randint(1, 8))]
+                    admission = await pool.admit(chain, rng.randint(0, 2), wait=rng.random() < 0.5)
+                    if admission is None:
+                        continue
+                    owned = list(admission.blocks)
+                    fresh = owned[admission.cached : len(chain)]
+                    await pool.cache_many(list(zip(fresh, chain[admission.cached :], strict=True)))
+                else:
+                    outcome = await pool.reserve([], rng.randint(0, 3))
+                    if outcome is None:
+                        continue
+                    reservation = outcome.reservation
+                    for _ in range(reservation.fresh):
+                        owned.append(await pool.allocate_private(reservation))
+                    reservation = None
+                    await pool.cancel(outcome.reservation)
+                released, owned = owned, []
+                await pool.free(released)
+    except TimeoutError:
+        pass
+    finally:  # asyncio's shield: the give-back completes even if this task is cancelled
+        if reservation is not None and not reservation.closed:
+            await asyncio.shield(pool.cancel(reservation))
+        if owned:
+            await asyncio.shield(pool.free(owned))
+
+
+@pytest.mark.parametrize(
+    "run", [pytest.param(asyncio.run, id="asyncio"), pytest.param(uvloop.run, id="uvloop")]
+)
+def test_asyncio_timeouts_and_task_cancels_leak_nothing(
+    run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    undone: list[str] = []
+    for name in ["undo_admit", "undo_reserve", "undo_allocate_private"]:
+        original = getattr(PoolState, name)
+
+        def spy(self: PoolState, message: Any, reply: Any, original: Any = original) -> None:
+            undone.append(type(message).__name__)
+            original(self, message, reply)
+
+        monkeypatch.setattr(PoolState, name, spy)
+
+    async def scenario() -> None:
+        rng = random.Random(7)
+        async with open_pool(64) as pool:
+            tasks = [
+                asyncio.create_task(_asyncio_worker(pool, random.Random(rng.random())))
+                for _ in range(2000)
+            ]
+            for task in rng.sample(tasks, 300):  # cancelled from outside, at any point
+                task.cancel()
+            async with asyncio.timeout(HANG_GUARD):
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+            unexpected = [r for r in results if isinstance(r, BaseException)]
+            assert all(isinstance(r, asyncio.CancelledError) for r in unexpected), unexpected
+            stats = await pool.stats()
+            assert (stats.num_active, stats.num_active_refs, stats.waiters) == (0, 0, 0)
+            await pool.check_invariants()
+
+    run(scenario())
+    assert undone, "no cancellation landed between a reply and its reading"
