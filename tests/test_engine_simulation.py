@@ -6,12 +6,15 @@ import pytest
 
 from kvpool.engine import (
     EngineConfig,
+    EngineStats,
+    KvUsage,
     LocalKvClient,
     MockEngine,
     Simulation,
     TimingModel,
     format_report,
 )
+from kvpool.engine.report import worker_report
 from kvpool.engine.runner import open_local_kv, run_simulation
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventCollector
@@ -170,3 +173,28 @@ async def test_without_prefix_caching_the_hit_rate_reads_n_a_not_0() -> None:
     assert cached.total.prefix_cache_hit_rate == pytest.approx(
         cached.total.prefix_cache_hits / cached.total.prefix_cache_queries
     )
+
+
+async def test_kv_usage_is_weighted_by_simulated_time_idle_stretches_included() -> None:
+    timing = TimingModel(step_overhead_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0)
+    config = EngineConfig(num_gpu_blocks=64, timing=timing)
+    requests = [spec("early", 10, 3, 0.0), spec("late", 10, 3, 100.0)]
+    run = await run_simulation(requests, config)
+    # each request holds 1 of 64 blocks for two 10 ms steps, then frees it; in between
+    # the cache sits idle at 0 for almost 100 s: four of six samples, 0.04% of the time
+    assert run.engines[0].stats.usage == pytest.approx([1 / 64, 1 / 64, 0.0] * 2)
+    usage = run.report.total.kv_usage
+    assert usage.max == pytest.approx(1 / 64)
+    assert usage.p50 == usage.p99 == 0.0
+    assert usage.mean == pytest.approx(0.04 / 100.02 / 64)
+
+
+def test_a_worker_that_finished_early_is_idle_until_the_end_of_the_run() -> None:
+    stats = EngineStats(sample_times=[1.0, 2.0], usage=[0.5, 0.0])
+    final = [KvUsage(0, 0, 64)]
+    alone = worker_report(0, [stats], 2.0, final)
+    assert alone.kv_usage.mean == pytest.approx(0.5)  # 0.5 from 1 s to 2 s, then the end
+    in_a_longer_run = worker_report(0, [stats], 2.0, final, end=11.0)
+    assert in_a_longer_run.kv_usage.mean == pytest.approx(0.05)  # then idle until 11 s
+    assert in_a_longer_run.kv_usage.p50 == 0.0
+    assert in_a_longer_run.kv_usage.max == 0.5

@@ -15,7 +15,8 @@ class EngineStats:
     manager counts them: the request's tokens at that moment, and the cached prefix its
     first allocation reused; with prefix caching off nothing is queried (both stay 0, as
     vLLM reports no prefix-cache stats then). ``usage`` is sampled once per step, after
-    the step (idle time between steps is not sampled).
+    the step, at ``sample_times``; the cache keeps that usage until the next step changes
+    it, idle stretches included, so reports weigh each sample by how long it held.
     """
 
     submitted: int = 0
@@ -54,3 +55,33 @@ def percentile(values: Sequence[float], q: float) -> float:
 def mean(values: Sequence[float]) -> float:
     """The arithmetic mean; 0.0 for no values."""
     return math.fsum(values) / len(values) if values else 0.0
+
+
+def held_durations(times: Sequence[float], end: float) -> list[float]:
+    """How long each sample at ``times`` (ascending) held: until the next one, the last
+    until ``end`` (never negative)."""
+    return [max(0.0, later - now) for now, later in zip(times, [*times[1:], end], strict=True)]
+
+
+def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The mean of ``values`` weighted by ``weights``; plain mean if they sum to 0."""
+    total = math.fsum(weights)
+    if total <= 0:
+        return mean(values)
+    return math.fsum(v * w for v, w in zip(values, weights, strict=True)) / total
+
+
+def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: float) -> float:
+    """The smallest value that ``q`` percent of the weight lies at or below (0.0 for no
+    values); with weights summing to 0, the unweighted `percentile`."""
+    total = math.fsum(weights)
+    if total <= 0:
+        return percentile(values, q)
+    target = total * q / 100.0
+    seen = 0.0
+    pairs = sorted(zip(values, weights, strict=True))
+    for value, weight in pairs:
+        seen += weight
+        if seen >= target and weight > 0:
+            return value
+    return max(value for value, weight in pairs if weight > 0)

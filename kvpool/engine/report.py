@@ -8,7 +8,14 @@ import msgspec
 
 from kvpool.engine.engine import MockEngine
 from kvpool.engine.kv_client import KvUsage
-from kvpool.engine.metrics import EngineStats, mean, percentile
+from kvpool.engine.metrics import (
+    EngineStats,
+    held_durations,
+    mean,
+    percentile,
+    weighted_mean,
+    weighted_percentile,
+)
 
 
 class Distribution(msgspec.Struct, frozen=True):
@@ -29,6 +36,17 @@ class Distribution(msgspec.Struct, frozen=True):
             max=max(values, default=0.0),
         )
 
+    @classmethod
+    def over_time(cls, values: Sequence[float], durations: Sequence[float]) -> Distribution:
+        """Summarise a level that held ``values[i]`` for ``durations[i]``: the time-weighted
+        mean, the levels not exceeded 50% and 99% of the time, and the maximum."""
+        return cls(
+            mean=weighted_mean(values, durations),
+            p50=weighted_percentile(values, durations, 50),
+            p99=weighted_percentile(values, durations, 99),
+            max=max(values, default=0.0),
+        )
+
 
 class WorkerReport(msgspec.Struct, frozen=True):
     """One worker's figures (``worker`` None: the whole cluster).
@@ -37,7 +55,9 @@ class WorkerReport(msgspec.Struct, frozen=True):
     ``prefill_tokens_computed`` counts every prompt token computed, recomputation after
     preemption included, cached ones excluded. Prefix-cache figures are in tokens;
     ``prefix_cache_hit_rate`` is None when nothing was queried (prefix caching off).
-    ``kv_usage`` is sampled after every step (active blocks over capacity); ``ttft_s``
+    ``kv_usage`` (active blocks over capacity) is over simulated time: each step's
+    post-step sample weighs as long as it held, until the engine's next step or the end
+    of the run (idle stretches count, at the idle cache's usage); ``ttft_s``
     and ``latency_s`` are simulated seconds from arrival to first and last token.
     ``leaked_blocks`` is the pool's active count after the run: 0 unless a block leaked.
     """
@@ -78,9 +98,20 @@ class Report(msgspec.Struct, frozen=True):
 
 
 def worker_report(
-    worker: int | None, stats: Sequence[EngineStats], clock: float, final: Sequence[KvUsage]
+    worker: int | None,
+    stats: Sequence[EngineStats],
+    clock: float,
+    final: Sequence[KvUsage],
+    end: float | None = None,
 ) -> WorkerReport:
-    """Combine the stats of one or more engines (samples pooled) into a `WorkerReport`."""
+    """Combine the stats of one or more engines (samples pooled) into a `WorkerReport`.
+
+    ``clock`` is the simulated time reported; ``end`` (default ``clock``) the end of the
+    run, up to which each engine's last usage sample holds.
+    """
+    until = clock if end is None else end
+    usage = [u for s in stats for u in s.usage]
+    held = [d for s in stats for d in held_durations(s.sample_times, until)]
 
     def total(name: str) -> int:
         return sum(getattr(s, name) for s in stats)
@@ -101,7 +132,7 @@ def worker_report(
         prefix_cache_queries=queries,
         prefix_cache_hits=hits,
         prefix_cache_hit_rate=hits / queries if queries else None,
-        kv_usage=Distribution.of([u for s in stats for u in s.usage]),
+        kv_usage=Distribution.over_time(usage, held),
         preemptions=total("preemptions"),
         evictions=total("evictions"),
         ttft_s=Distribution.of([t for s in stats for t in s.ttft_s]),
@@ -121,11 +152,11 @@ def build_report(
     wall_s: float,
 ) -> Report:
     """The report of a finished run; ``final`` is each engine's `MockEngine.final_usage`."""
+    simulated = max(engine.clock for engine in engines)
     workers = [
-        worker_report(engine.rank, [engine.stats], engine.clock, [usage])
+        worker_report(engine.rank, [engine.stats], engine.clock, [usage], simulated)
         for engine, usage in zip(engines, final, strict=True)
     ]
-    simulated = max(engine.clock for engine in engines)
     total = worker_report(None, [engine.stats for engine in engines], simulated, final)
     return Report(
         workload=workload,
