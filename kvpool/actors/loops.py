@@ -104,41 +104,39 @@ class _TrioSlot:
         return self._abandoned
 
     def set_result(self, result: Any, /) -> None:
-        _trio.reschedule(self._task, _trio.Value(result))
+        _reschedule(self._task, _Value(result))
 
     def set_exception(self, exception: BaseException, /) -> None:
-        _trio.reschedule(self._task, _trio.Error(exception))
+        _reschedule(self._task, _Error(exception))
 
     def abort(self, _raise_cancel: Any) -> Any:
         # Trio aborts only a task that is still parked: the actor has not replied.
         self._abandoned = True
-        return _trio.SUCCEEDED
+        return _SUCCEEDED
 
 
-class _TrioNames:
-    """Trio's low-level names, bound on first use: trio is an optional dependency."""
-
-    reschedule: Any = None
-    current_task: Any = None
-    wait_task_rescheduled: Any = None
-    Value: Any = None
-    Error: Any = None
-    SUCCEEDED: Any = None
-
-    def bind(self) -> None:
-        if self.reschedule is None:
-            import outcome
-            import trio
-
-            self.reschedule = trio.lowlevel.reschedule
-            self.current_task = trio.lowlevel.current_task
-            self.wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
-            self.Value = outcome.Value
-            self.Error = outcome.Error
-            self.SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
+# Trio's low-level names, bound on first use (trio is an optional dependency) as module
+# globals: the round trip looks each of them up several times.
+_reschedule: Any = None
+_current_task: Any = None
+_wait_task_rescheduled: Any = None
+_Value: Any = None
+_Error: Any = None
+_SUCCEEDED: Any = None
 
 
-_trio = _TrioNames()
+def _bind_trio() -> None:
+    global _reschedule, _current_task, _wait_task_rescheduled, _Value, _Error, _SUCCEEDED
+    if _reschedule is None:
+        import outcome
+        import trio
+
+        _reschedule = trio.lowlevel.reschedule
+        _current_task = trio.lowlevel.current_task
+        _wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
+        _Value = outcome.Value
+        _Error = outcome.Error
+        _SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
 
 
 class TrioActor(Actor):
@@ -153,20 +151,20 @@ class TrioActor(Actor):
 
     def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]]) -> None:
         super().__init__(handlers)
-        _trio.bind()
+        _bind_trio()
         self._sleeper: Any = None
 
     async def call(self, message: Any, unwrap: Callable[[Any], Any] | None = None) -> Any:
         if type(message) not in self._handlers or self._status is not _OPEN:
             return await self._refuse(message)
-        slot = _TrioSlot(_trio.current_task())
+        slot = _TrioSlot(_current_task())
         self._queue.append((message, slot))
         sleeper = self._sleeper
         if sleeper is not None:
             self._sleeper = None
-            _trio.reschedule(sleeper)
+            _reschedule(sleeper)
         try:
-            reply = await _trio.wait_task_rescheduled(slot.abort)
+            reply = await _wait_task_rescheduled(slot.abort)
         except BaseException:
             if slot._abandoned:
                 self.waiter_left()
@@ -177,16 +175,16 @@ class TrioActor(Actor):
         sleeper = self._sleeper
         if sleeper is not None:
             self._sleeper = None
-            _trio.reschedule(sleeper)
+            _reschedule(sleeper)
 
     async def _sleep(self) -> None:
-        self._sleeper = _trio.current_task()
+        self._sleeper = _current_task()
 
         def abort(_raise_cancel: Any) -> Any:
             self._sleeper = None
-            return _trio.SUCCEEDED
+            return _SUCCEEDED
 
-        await _trio.wait_task_rescheduled(abort)
+        await _wait_task_rescheduled(abort)
 
 
 def new_actor(handlers: Mapping[type[Any], Handler[Any, Any]]) -> Actor:
