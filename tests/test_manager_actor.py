@@ -116,6 +116,13 @@ async def test_misuse_through_the_actor_is_a_typed_error_and_the_actor_keeps_ser
             await kv.append_tokens("a", b"ab")
         with pytest.raises(InvalidArgumentError):
             await kv.add_request("b", [-1])
+        # not a sequence of tokens: refused as the plain manager refuses it, never a
+        # bare TypeError, and a set (no order) is not quietly turned into a prompt
+        for not_tokens in (5, None, {1, 2}, (t for t in range(3))):
+            with pytest.raises(InvalidArgumentError):
+                await kv.add_request("b", not_tokens)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentError):
+                await kv.append_tokens("a", not_tokens)  # type: ignore[arg-type]
         with pytest.raises(CapacityError):
             await kv.allocate("big", 40)
         assert (await kv.usage(), await kv.stats()) == before
