@@ -210,9 +210,11 @@ def _as_list(token_ids: Sequence[int]) -> list[int]:
     """The wire type is list[int]; the actor's manager validates the contents. Only a
     non-text sequence is converted: anything else (text, bytes, a set, an iterator, a
     non-iterable) reaches the manager as it is and is refused there, typed."""
-    if type(token_ids) is list or not isinstance(token_ids, Sequence):
-        return token_ids  # type: ignore[return-value]
-    if isinstance(token_ids, str | bytes | bytearray | memoryview):
+    if (
+        type(token_ids) is list
+        or not isinstance(token_ids, Sequence)
+        or isinstance(token_ids, str | bytes | bytearray | memoryview)
+    ):
         return token_ids  # type: ignore[return-value]
     return list(token_ids)
 
