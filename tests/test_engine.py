@@ -249,7 +249,7 @@ async def test_event_stream_is_a_valid_router_history_under_pressure() -> None:
                 assert isinstance(event, BlockRemoved)
                 assert set(event.block_hashes) <= resident  # removed only if stored
                 resident -= set(event.block_hashes)
-    assert engine.stats.events_published == len(collector.batches) <= engine.stats.steps
+    assert engine.stats.event_batches == len(collector.batches) <= engine.stats.steps
 
 
 async def test_an_idle_engine_reads_zero_usage_and_leaks_nothing() -> None:
@@ -375,3 +375,22 @@ async def test_the_local_client_checks_the_managers_invariants_not_only_the_pool
     kv.manager._requests["r"].visible = 1  # corrupt on purpose: two blocks are visible
     with pytest.raises(InvariantViolation, match="watermark"):
         await kv.check_invariants()
+
+
+async def test_event_batches_are_counted_with_or_without_a_sink() -> None:
+    async def run(sink: EventCollector | None) -> MockEngine:
+        config = EngineConfig(num_gpu_blocks=192, max_num_batched_tokens=512)
+        engine = MockEngine(LocalKvClient.create(192, 16), config, sink=sink)
+        for request in SyntheticWorkload(seed=3, num_sessions=6).requests():
+            await engine.submit(request)
+        await run_steps(engine)
+        return engine
+
+    collector = EventCollector()
+    published = await run(collector)
+    unobserved = await run(None)
+    # the report's "KV event batches" is what the engine produced, not whether anyone
+    # listened: 0 without a sink read as "the cache changed nothing a router could see"
+    assert len(collector.batches) > 0
+    assert unobserved.stats.event_batches == published.stats.event_batches
+    assert published.stats.event_batches == len(collector.batches)

@@ -87,7 +87,7 @@ async def test_each_worker_has_its_own_pool_and_event_stream() -> None:
     for rank, (worker, sink) in enumerate(zip(workers, sinks, strict=True)):
         assert sink.batches
         assert {b.data_parallel_rank for b in sink.batches} == {rank}
-        assert worker.stats.events_published == len(sink.batches)
+        assert worker.stats.event_batches == len(sink.batches)
     assert workers[0].kv is not workers[1].kv
 
 

@@ -379,13 +379,14 @@ class MockEngine:
             self.running = [r for r in self.running if r.finish_s is None]
 
         outcome = await kv.finish_step(updates)
-        if outcome.events and self.sink is not None:
-            self.sink.publish(
-                KVEventBatch(
-                    ts=self.epoch + now, events=outcome.events, data_parallel_rank=self.rank
+        if outcome.events:
+            stats.event_batches += 1
+            if self.sink is not None:
+                self.sink.publish(
+                    KVEventBatch(
+                        ts=self.epoch + now, events=outcome.events, data_parallel_rank=self.rank
+                    )
                 )
-            )
-            stats.events_published += 1
         self._num_active = outcome.usage.num_active
         stats.sample_times.append(now)
         stats.usage.append(outcome.usage.fraction)

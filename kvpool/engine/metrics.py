@@ -32,7 +32,7 @@ class EngineStats:
     prefix_hit_tokens: int = 0
     steps: int = 0
     busy_s: float = 0.0
-    events_published: int = 0
+    event_batches: int = 0  # steps that drained KV events (published if there is a sink)
     sample_times: list[float] = field(default_factory=list)
     usage: list[float] = field(default_factory=list)
     query_samples: list[int] = field(default_factory=list)

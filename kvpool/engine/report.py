@@ -59,7 +59,9 @@ class WorkerReport(msgspec.Struct, frozen=True):
     post-step sample weighs as long as it held, until the engine's next step or the end
     of the run (idle stretches count, at the idle cache's usage); ``ttft_s``
     and ``latency_s`` are simulated seconds from arrival to first and last token.
-    ``leaked_blocks`` is the pool's active count after the run: 0 unless a block leaked.
+    ``kv_event_batches`` counts the steps that changed what a router sees (one
+    `KVEventBatch` each, sent to the event sink when there is one); ``leaked_blocks`` is
+    the pool's active count after the run: 0 unless a block leaked.
     """
 
     worker: int | None
@@ -137,7 +139,7 @@ def worker_report(
         evictions=total("evictions"),
         ttft_s=Distribution.of([t for s in stats for t in s.ttft_s]),
         latency_s=Distribution.of([t for s in stats for t in s.latency_s]),
-        kv_event_batches=total("events_published"),
+        kv_event_batches=total("event_batches"),
         num_gpu_blocks=sum(u.capacity for u in final),
         leaked_blocks=sum(u.num_active for u in final),
     )
