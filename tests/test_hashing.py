@@ -144,7 +144,7 @@ def test_bad_hashes_raise_invalid_hash(bad: object) -> None:
 
 
 def test_big_endian_hosts_byteswap_to_little_endian(monkeypatch: pytest.MonkeyPatch) -> None:
-    u32 = array(block_hash_module._U32, [1, 2])
+    u32 = array(block_hash_module.TOKEN_TYPECODE, [1, 2])
     native = block_hash_module.pack_tokens(u32)
     monkeypatch.setattr(block_hash_module, "_SWAP", True)
     # On this (little-endian) host the swap path must produce the opposite byte order.
@@ -156,7 +156,7 @@ def test_big_endian_hosts_byteswap_to_little_endian(monkeypatch: pytest.MonkeyPa
 
 def test_u32_arrays_hash_like_lists_and_other_arrays_are_validated() -> None:
     tokens = list(range(40))
-    u32 = array(block_hash_module._U32, tokens)
+    u32 = array(block_hash_module.TOKEN_TYPECODE, tokens)
     assert block_hashes(u32, 16) == block_hashes(tokens, 16)
     assert block_hashes(array("q", tokens), 16) == block_hashes(tokens, 16)
     with pytest.raises(InvalidArgumentError):

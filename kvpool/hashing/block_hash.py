@@ -45,7 +45,8 @@ def _u32_typecode() -> str:
     raise ImportError("kvpool.hashing needs a 4-byte unsigned array typecode")  # pragma: no cover
 
 
-_U32 = _u32_typecode()
+TOKEN_TYPECODE = _u32_typecode()
+"""The ``array`` typecode of a ``u32``: how token ids are packed (and hashed)."""
 _SWAP = sys.byteorder != "little"
 _RAW_BYTES = (bytes, bytearray, memoryview)  # a tuple: isinstance is 2x faster than with a union
 
@@ -55,17 +56,17 @@ def pack_tokens(tokens: Sequence[int]) -> bytes:
 
     Raises `InvalidArgumentError` if a token is not an int in ``[0, 2**32)``.
     """
-    if isinstance(tokens, array) and tokens.typecode == _U32:
+    if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
         packed = tokens  # already u32: nothing to validate
     else:
         if isinstance(tokens, _RAW_BYTES):
             tokens = list(tokens)  # array() would take these as raw bytes, not token ids
         try:
-            packed = array(_U32, tokens)
+            packed = array(TOKEN_TYPECODE, tokens)
         except (OverflowError, TypeError) as exc:
             raise InvalidArgumentError(f"token ids must be ints in [0, 2**32): {exc}") from None
     if _SWAP:
-        packed = array(_U32, packed)  # a copy: never swap the caller's array in place
+        packed = array(TOKEN_TYPECODE, packed)  # a copy: never swap the caller's array in place
         packed.byteswap()
     return packed.tobytes()
 

@@ -7,9 +7,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from kvpool.errors import InvalidArgumentError
-
-TOKEN_TYPECODE = next(code for code in ("I", "L") if array(code).itemsize == 4)
-"""The array typecode of a ``u32``: token ids are hashed as little-endian u32."""
+from kvpool.hashing.block_hash import TOKEN_TYPECODE
 
 
 def check_request_id(request_id: object) -> str:
