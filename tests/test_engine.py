@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from kvpool.engine import EngineConfig, LocalKvClient, MockEngine, StepResult, StepUpdate
+from kvpool.engine import (
+    EngineConfig,
+    LocalKvClient,
+    MockEngine,
+    StepResult,
+    StepUpdate,
+    TimedKvClient,
+)
 from kvpool.errors import InvariantViolation, UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import KvManager, PrefillCost
@@ -394,3 +401,19 @@ async def test_event_batches_are_counted_with_or_without_a_sink() -> None:
     assert len(collector.batches) > 0
     assert unobserved.stats.event_batches == published.stats.event_batches
     assert published.stats.event_batches == len(collector.batches)
+
+
+async def test_the_timed_client_delegates_and_counts_every_call() -> None:
+    inner = LocalKvClient.create(16, 4)
+    kv = TimedKvClient(inner)
+    assert (kv.block_size, kv.capacity) == (4, 16)
+    await kv.add_request("r", list(range(6)))
+    allocation = await kv.allocate("r", 6)
+    assert allocation is not None
+    assert len(allocation.block_ids) == 2
+    with pytest.raises(UnknownRequestError):
+        await kv.free("nope")  # a failed call is timed and counted too
+    outcome = await kv.finish_step([StepUpdate("r", [], 6, True)])
+    assert outcome.usage.num_active == 0
+    assert kv.calls == 4
+    assert kv.seconds > 0

@@ -9,8 +9,8 @@ actor. Every method is a coroutine; what it raises is what `KvManager` raises (a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Sequence
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -18,6 +18,8 @@ from kvpool.errors import UnknownRequestError
 from kvpool.events import KVEvent
 from kvpool.manager import Allocation, KvManager, ManagerStats, PoolUsage, PrefillCost
 from kvpool.pool import BlockPool
+
+_T = TypeVar("_T")
 
 KvUsage = PoolUsage
 """The pool's occupancy (`kvpool.manager.PoolUsage`): ``num_active`` blocks in use or
@@ -267,89 +269,45 @@ class TimedKvClient:
         return self._inner.capacity
 
     async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
-        start = time.perf_counter()
-        try:
-            await self._inner.add_request(request_id, prompt_token_ids)
-        finally:
-            self._charge(start)
+        await self._timed(self._inner.add_request(request_id, prompt_token_ids))
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
-        start = time.perf_counter()
-        try:
-            await self._inner.append_tokens(request_id, token_ids)
-        finally:
-            self._charge(start)
+        await self._timed(self._inner.append_tokens(request_id, token_ids))
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
-        start = time.perf_counter()
-        try:
-            return await self._inner.prefill_cost(request_id)
-        finally:
-            self._charge(start)
+        return await self._timed(self._inner.prefill_cost(request_id))
 
     async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
-        start = time.perf_counter()
-        try:
-            return await self._inner.allocate(request_id, num_tokens)
-        finally:
-            self._charge(start)
+        return await self._timed(self._inner.allocate(request_id, num_tokens))
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
-        start = time.perf_counter()
-        try:
-            await self._inner.mark_computed(request_id, num_computed_tokens)
-        finally:
-            self._charge(start)
+        await self._timed(self._inner.mark_computed(request_id, num_computed_tokens))
 
     async def free(self, request_id: str) -> None:
-        start = time.perf_counter()
-        try:
-            await self._inner.free(request_id)
-        finally:
-            self._charge(start)
+        await self._timed(self._inner.free(request_id))
 
     async def preempt(self, request_id: str) -> None:
-        start = time.perf_counter()
-        try:
-            await self._inner.preempt(request_id)
-        finally:
-            self._charge(start)
+        await self._timed(self._inner.preempt(request_id))
 
     async def take_events(self) -> list[KVEvent]:
-        start = time.perf_counter()
-        try:
-            return await self._inner.take_events()
-        finally:
-            self._charge(start)
+        return await self._timed(self._inner.take_events())
 
     async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
-        start = time.perf_counter()
-        try:
-            return await self._inner.finish_step(updates)
-        finally:
-            self._charge(start)
+        return await self._timed(self._inner.finish_step(updates))
 
     async def usage(self) -> KvUsage:
-        start = time.perf_counter()
-        try:
-            return await self._inner.usage()
-        finally:
-            self._charge(start)
+        return await self._timed(self._inner.usage())
 
     async def stats(self) -> ManagerStats:
-        start = time.perf_counter()
-        try:
-            return await self._inner.stats()
-        finally:
-            self._charge(start)
+        return await self._timed(self._inner.stats())
 
     async def check_invariants(self) -> None:
+        await self._timed(self._inner.check_invariants())
+
+    async def _timed(self, call: Awaitable[_T]) -> _T:
         start = time.perf_counter()
         try:
-            await self._inner.check_invariants()
+            return await call
         finally:
-            self._charge(start)
-
-    def _charge(self, start: float) -> None:
-        self.seconds += time.perf_counter() - start
-        self.calls += 1
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
