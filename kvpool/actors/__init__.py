@@ -14,7 +14,13 @@ Cancellation contract (holds at every point: queued, being handled, replied but 
 - Calls that hand ownership to the caller (reserve, activate_prefix, allocate_*, admit)
   are all or nothing: the caller gets the result, or the actor skips the request (still
   queued) or undoes it (a later turn gives the ownership back). On trio a reply, once
-  delivered, is always read, so only the first two cases arise there.
+  delivered, is always read, so only the first two cases arise there. Undoing gives
+  back what the call took: a reservation is cancelled, blocks are released leaf first,
+  an activated prefix is pinned again and a spent unit returns to its reservation (for
+  ``allocate_cached`` only if a unit can be freed: the copy itself stays cached, idle).
+  Evictions a reserve made and hashes that became visible are not taken back.
+- admit(wait=False) is an immediate try: it never queues, so it may succeed while a
+  larger waiter keeps waiting. admit(wait=True) queues FIFO behind earlier waiters.
 - Calls that give ownership back (release, cancel, free) take effect once posted.
 - Queries and cache_private / cache_many are skipped if the caller left before the actor
   reached them; otherwise they took effect.
