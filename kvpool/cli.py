@@ -325,11 +325,12 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ImportError as exc:
         return _fail(str(exc))
     if args.plot:
-        from kvpool.engine.plot import require_matplotlib
+        from kvpool.engine.plot import check_plot_format, require_matplotlib
 
         try:
             require_matplotlib()
-        except ImportError as exc:
+            check_plot_format(args.plot)
+        except (ImportError, ValueError) as exc:
             return _fail(str(exc))
     for name in ("json", "plot"):
         target = getattr(args, name)
@@ -360,7 +361,9 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             progress.close()
         for sink in sinks or ():
             sink.close()
-    _write_outputs(args, run)
+    failure = _write_outputs(args, run)
+    if failure is not None:
+        return _fail(failure)
     leaked = run.report.total.leaked_blocks
     if leaked:
         return _fail(f"{leaked} KV blocks were still active after every request finished")
@@ -468,7 +471,10 @@ def _backend(loop: str) -> tuple[str, dict[str, object]]:
     return "asyncio", {"use_uvloop": True}
 
 
-def _write_outputs(args: argparse.Namespace, run: SimulationRun) -> None:
+def _write_outputs(args: argparse.Namespace, run: SimulationRun) -> str | None:
+    """Print the report and write the files asked for; the first failure's message, or
+    None. The text report is printed first, so a file that cannot be written loses
+    nothing else."""
     report: Report = run.report
     text = format_report(report)
     if args.json == "-":
@@ -477,12 +483,20 @@ def _write_outputs(args: argparse.Namespace, run: SimulationRun) -> None:
         sys.stdout.flush()
     else:
         sys.stdout.write(text)
+        sys.stdout.flush()
         if args.json:
-            Path(args.json).write_bytes(report_json(report))
+            try:
+                Path(args.json).write_bytes(report_json(report))
+            except OSError as exc:
+                return f"--json: cannot write {args.json}: {exc.strerror or exc}"
     if args.plot:
         from kvpool.engine.plot import write_plot
 
-        write_plot(run.engines, args.plot)
+        try:
+            write_plot(run.engines, args.plot)
+        except OSError as exc:
+            return f"--plot: cannot write {args.plot}: {exc.strerror or exc}"
+    return None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -141,6 +141,26 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
     assert pixels.shape[1] > 100
 
 
+def test_an_unknown_plot_format_is_refused_before_the_run(tmp_path: Path) -> None:
+    image = tmp_path / "usage.foo"
+    result = kvpool("simulate", "--sessions", "3", "--plot", str(image))
+    assert result.returncode == 1
+    assert "--plot: cannot draw a .foo file; use one of:" in result.stderr
+    assert "png" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert not image.exists()
+
+
+def test_a_report_file_that_cannot_be_written_is_a_clear_error() -> None:
+    # /dev/full takes the open and fails the write (ENOSPC): after the run, not before
+    result = kvpool("simulate", "--sessions", "3", "--json", "/dev/full")
+    assert result.returncode == 1
+    assert "kvpool simulate: error: --json: cannot write /dev/full" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "requests completed" in result.stdout  # the text report is not lost
+
+
 def test_plot_without_matplotlib_is_a_clear_error_before_the_run(tmp_path: Path) -> None:
     shadow = tmp_path / "shadow" / "matplotlib"
     shadow.mkdir(parents=True)

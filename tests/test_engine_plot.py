@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import pytest
+
+from kvpool.engine import EngineConfig, LocalKvClient, MockEngine
 from kvpool.engine.metrics import EngineStats
-from kvpool.engine.plot import plot_series
+from kvpool.engine.plot import check_plot_format, plot_series, write_plot
 
 
 def stats_with(samples: int) -> EngineStats:
@@ -42,3 +46,20 @@ def test_the_hit_rate_is_undefined_before_the_first_query() -> None:
 
 def test_no_samples_no_points() -> None:
     assert plot_series(EngineStats()) == ([], [], [])
+
+
+def test_the_plot_goes_to_exactly_the_path_given(tmp_path: Path) -> None:
+    engine = MockEngine(LocalKvClient.create(64, 16), EngineConfig(num_gpu_blocks=64))
+    engine.stats = stats_with(5)
+    no_extension = tmp_path / "usage"
+    write_plot([engine], no_extension)  # PNG, and no ".png" added to the name
+    assert no_extension.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert list(tmp_path.iterdir()) == [no_extension]
+
+
+def test_an_unknown_format_is_refused_with_the_choices() -> None:
+    check_plot_format("usage.png")
+    check_plot_format("usage.PDF")
+    check_plot_format("usage")
+    with pytest.raises(ValueError, match=r"cannot draw a \.foo file; use one of: .*png"):
+        check_plot_format("usage.foo")

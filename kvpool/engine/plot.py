@@ -26,6 +26,19 @@ def require_matplotlib() -> None:
         ) from exc
 
 
+def check_plot_format(path: str | Path) -> None:
+    """Raise `ValueError` naming the choices unless matplotlib can draw the format that
+    ``path``'s extension names (no extension: PNG). Needs matplotlib."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise ValueError(
+            f"--plot: cannot draw a .{suffix} file; use one of: {', '.join(sorted(formats))}"
+        )
+
+
 def plot_series(
     stats: EngineStats, max_points: int = _MAX_POINTS
 ) -> tuple[list[float], list[float], list[float]]:
@@ -51,7 +64,7 @@ def plot_series(
 def write_plot(engines: Sequence[MockEngine], path: str | Path) -> None:
     """Draw each engine's KV usage and cumulative hit rate against simulated time to ``path``.
 
-    The image format follows the file's extension (PNG for ``.png``). Raises `ImportError`
+    The image format follows the file's extension (PNG without one). Raises `ImportError`
     without matplotlib and `OSError` if the file cannot be written.
     """
     require_matplotlib()
@@ -73,4 +86,5 @@ def write_plot(engines: Sequence[MockEngine], path: str | Path) -> None:
     hit_axes.set_title("cumulative prefix-cache hit rate (tokens)")
     if len(engines) > 1:
         usage_axes.legend(loc="upper right")
-    figure.savefig(path, dpi=100)
+    # the format is named, so the file is exactly ``path`` (matplotlib would add ".png")
+    figure.savefig(path, dpi=100, format=Path(path).suffix.lstrip(".").lower() or "png")
