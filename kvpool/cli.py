@@ -235,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--zmq-kv-event-host",
         default="*",
         metavar="HOST",
-        help="interface the ZMQ publishers bind (default: all, '*')",
+        help="interface the ZMQ publishers bind: an address (IPv4 or IPv6) or a name "
+        "(default: all, '*')",
     )
     cluster.add_argument(
         "--kv-backend",
@@ -386,7 +387,7 @@ def _open_sinks(args: argparse.Namespace) -> list[ZmqEventPublisher] | None:
         return None
     from kvpool.events import ZmqEventPublisher
 
-    endpoint = f"tcp://{args.zmq_kv_event_host}:{args.zmq_kv_event_port}"
+    endpoint = zmq_endpoint(args.zmq_kv_event_host, args.zmq_kv_event_port)
     sinks: list[ZmqEventPublisher] = []
     try:
         # rank r publishes on PORT + r, as vLLM does; one by one, to close them on failure
@@ -398,6 +399,13 @@ def _open_sinks(args: argparse.Namespace) -> list[ZmqEventPublisher] | None:
             sink.close()
         raise
     return sinks
+
+
+def zmq_endpoint(host: str, port: int) -> str:
+    """The tcp endpoint of ``--zmq-kv-event-host``/``-port``; an IPv6 address is bracketed."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
 
 
 def _await_subscribers(publishers: Sequence[ZmqEventPublisher]) -> None:

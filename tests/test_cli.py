@@ -414,6 +414,21 @@ def test_kv_events_are_published_over_zmq_per_worker() -> None:
         assert seqs[-1] + 1 == report["workers"][rank]["kv_event_batches"]
 
 
+@pytest.mark.parametrize(
+    ("host", "endpoint"),
+    [
+        ("*", "tcp://*:5557"),
+        ("127.0.0.1", "tcp://127.0.0.1:5557"),
+        ("::1", "tcp://[::1]:5557"),
+        ("[::1]", "tcp://[::1]:5557"),
+    ],
+)
+def test_the_zmq_host_makes_an_endpoint_ipv6_included(host: str, endpoint: str) -> None:
+    from kvpool.cli import zmq_endpoint
+
+    assert zmq_endpoint(host, 5557) == endpoint
+
+
 def test_a_busy_zmq_port_fails_before_anything_runs() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -89,6 +89,7 @@ def subscribe_and_sync(
 def replay(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, start: int) -> list[list[bytes]]:
     """vLLM's replay request from a DEALER: every ``[seq, payload]`` up to the end marker."""
     dealer = guarded(ctx, zmq.DEALER)
+    dealer.ipv6 = True  # dual stack: reaches IPv4 and IPv6 endpoints alike
     try:
         dealer.connect(endpoint)
         dealer.send_multipart([b"", start.to_bytes(8, "big")])
@@ -225,6 +226,22 @@ def test_malformed_replay_request_is_ignored_and_service_continues(
             _, seq, _ = dealer.recv_multipart()
             assert seq_of(seq) == 0
             assert dealer.recv_multipart() == [b"", END_SEQ, b""]
+
+
+def test_an_ipv6_endpoint_publishes(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    with (
+        ZmqEventPublisher(
+            endpoint="tcp://[::1]:*", replay_endpoint="tcp://[::1]:*", context=ctx
+        ) as pub,
+        guarded(ctx, zmq.SUB) as sub,
+    ):
+        assert pub.endpoint.startswith("tcp://[::1]:")
+        sub.ipv6 = True
+        [(topic, seq, payload)] = subscribe_and_sync(pub, sub)
+        assert topic == b""
+        assert vllm_decoder.decode(payload).data_parallel_rank == 0
+        replayed = replay(ctx, pub.replay_endpoint or "", seq_of(seq))
+        assert [p for _, p in replayed] == [payload]
 
 
 def test_topic_frame_and_rank_fill_in(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:

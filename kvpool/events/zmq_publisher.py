@@ -17,6 +17,7 @@ Wire protocol (vLLM ``vllm/distributed/kv_events.py``, ``ZmqEventPublisher``):
   ``inproc://name`` becomes ``inproc://name_dp<rank>`` (see `offset_endpoint_port`);
 - an endpoint containing ``*`` or ``::``, or an ``ipc://``/``inproc://`` one, is bound;
   any other is connected to (override with ``bind=``). The replay socket always binds.
+  A bracketed IPv6 address (``tcp://[::1]:5557``) turns the socket's IPv6 option on.
 
 Threading, where kvpool differs from vLLM on purpose: vLLM queues batches to a thread
 that encodes and sends them. Here `publish` encodes and sends in the caller's thread,
@@ -101,6 +102,12 @@ def _binds(endpoint: str) -> bool:
     )
 
 
+def _is_ipv6(endpoint: str) -> bool:
+    """A tcp endpoint on a bracketed IPv6 address (``tcp://[::1]:5557``): ZMQ sockets
+    refuse those unless their IPv6 option is on (vLLM turns it on the same way)."""
+    return endpoint.startswith("tcp://[")
+
+
 def _check_count(name: str, value: int, minimum: int) -> None:
     if type(value) is not int or value < minimum:
         raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -174,6 +181,7 @@ class ZmqEventPublisher:
         try:
             self._pub.set_hwm(hwm)
             self._pub.linger = linger_ms
+            self._pub.ipv6 = _is_ipv6(pub_endpoint)
             binds = _binds(pub_endpoint) if bind is None else bind
             if binds:
                 self._pub.bind(pub_endpoint)
@@ -185,6 +193,7 @@ class ZmqEventPublisher:
             if replay_at is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.linger = 0
+                self._replay.ipv6 = _is_ipv6(replay_at)
                 # a whole replay must fit, or ROUTER would silently drop the tail of it
                 self._replay.sndhwm = buffer_steps + 2
                 self._replay.bind(replay_at)
