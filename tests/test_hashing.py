@@ -24,6 +24,9 @@ from kvpool.hashing import block_hash as block_hash_module
 
 # Dynamo's compute_block_hash_for_seq on tokens 0..31, block size 16 (see NOTES.md).
 DYNAMO_GOLDEN_LOCAL = [15310707395893867146, 15292316782987903195]
+# Sequence hashes of tokens 0..47, block size 16, chained as documented (pinned here so
+# a change of chaining, packing or seed cannot pass unnoticed).
+GOLDEN_SEQUENCE = [15310707395893867146, 13769157705258532664, 11879827756109914528]
 
 U32_MAX = 2**32 - 1
 tokens_st = st.lists(st.integers(0, U32_MAX), max_size=80)
@@ -71,6 +74,14 @@ def test_second_block_chains_parent_and_local_as_le_u64_pair() -> None:
     assert block_hashes(list(range(32)), 16) == [l0, expected]
     assert sequence_hash(l0, l1) == expected
     assert expected != l1  # the chain really changes the name of a non-first block
+
+
+def test_sequence_hashes_match_the_pinned_golden_values() -> None:
+    assert block_hashes(list(range(48)), 16) == GOLDEN_SEQUENCE
+    hasher = BlockHasher(16)
+    for token in range(48):  # fed one token at a time, as decode does
+        hasher.extend([token])
+    assert hasher.hashes == GOLDEN_SEQUENCE
 
 
 def test_same_block_after_different_prefixes_gets_different_names() -> None:
