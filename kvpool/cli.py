@@ -310,6 +310,10 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except PoolError as exc:
         parser.error(str(exc))
+    if args.trace and (args.seed != 0 or args.sessions != SyntheticWorkload().num_sessions):
+        parser.error("--seed and --sessions shape the embedded workload; --trace replaces it")
+    if not args.trace and args.trace_block_size != MOONCAKE_BLOCK_SIZE:
+        parser.error("--trace-block-size applies to a --trace only")
     port = args.zmq_kv_event_port
     if port is not None and port + args.workers - 1 > _MAX_PORT:
         parser.error(

@@ -226,6 +226,10 @@ def test_a_missing_trace_file_is_an_error(tmp_path: Path) -> None:
         (["--preemption-mode", "random"], "invalid choice"),
         (["--loop", "gevent"], "invalid choice"),
         # ZMQ would bind these modulo 65536 (70000 -> 4464) without a word
+        # a flag that would be silently ignored is a mistake worth saying
+        (["--trace", str(SAMPLE_TRACE), "--seed", "3"], "--trace replaces it"),
+        (["--trace", str(SAMPLE_TRACE), "--sessions", "3"], "--trace replaces it"),
+        (["--trace-block-size", "64"], "applies to a --trace only"),
         (["--zmq-kv-event-port", "70000"], "must be <= 65535"),
         (["--zmq-kv-event-port", "65535", "--workers", "2"], "port 65536, above 65535"),
     ],
