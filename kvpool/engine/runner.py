@@ -6,7 +6,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal
 
 from kvpool.engine.config import EngineConfig
 from kvpool.engine.engine import MockEngine
@@ -39,7 +38,6 @@ def open_actor_kv(config: EngineConfig, rank: int) -> AbstractAsyncContextManage
     return open_actor(config, rank)
 
 
-KvBackend = Literal["actor", "local"]
 KV_BACKENDS: dict[str, KvFactory] = {"actor": open_actor_kv, "local": open_local_kv}
 """``--kv-backend``: the manager behind a pool actor per engine, or called inline."""
 
