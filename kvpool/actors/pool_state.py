@@ -9,9 +9,8 @@ can give the reservation back exactly what the call took.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeGuard
 
-from kvpool.actors.block_checks import check_releasable, is_sequence, split_cacheable
 from kvpool.actors.core import WAIT, Handler, Wait
 from kvpool.errors import (
     CapacityError,
@@ -255,12 +254,13 @@ class PoolState:
             self._release_leaf_first(reply.admission.blocks)
 
     def cache_many(self, message: CacheMany) -> FlagsReply:
-        block_ids, hashes = split_cacheable(self.pool, message.pairs)
-        cache = self.pool.cache_private
-        return FlagsReply(list(map(cache, block_ids, hashes)))
+        return FlagsReply(self.pool.cache_many(message.pairs))  # type: ignore[arg-type]
 
     def free(self, message: Free) -> DoneReply:
-        check_releasable(self.pool, message.block_ids)
+        if not is_sequence(message.block_ids):
+            raise InvalidArgumentError(
+                f"block_ids must be a sequence of ints, got {message.block_ids!r}"
+            )
         self._release_leaf_first(message.block_ids)
         return _DONE
 
@@ -289,9 +289,8 @@ class PoolState:
             held.parts.append(outcome.reservation)
 
     def _release_leaf_first(self, block_ids: Sequence[int]) -> None:
-        release = self.pool.release
-        for block_id in reversed(block_ids):
-            release(block_id)  # type: ignore[arg-type]
+        """Release the last block first, all or nothing (the pool checks every id first)."""
+        self.pool.release_many(block_ids[::-1])  # type: ignore[arg-type]
 
 
 def _admit_waits(message: Admit) -> bool:
@@ -302,6 +301,14 @@ def _bad_handle(handle: object, next_handle: int) -> NoReturn:
     if type(handle) is int and 0 < handle < next_handle:
         raise ReservationClosedError(f"reservation {handle} was already cancelled")
     raise ForeignReservationError(f"{handle!r} names no reservation of this pool")
+
+
+def is_sequence(value: object) -> TypeGuard[Sequence[Any]]:
+    """A sequence of items, not a string: lists and tuples answer without the ABC check."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return True
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
 
 
 def _check_chain(chain: object) -> None:

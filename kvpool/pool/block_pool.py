@@ -270,55 +270,70 @@ class BlockPool:
 
     def cache_private(self, block_id: object, block_hash: object) -> bool:
         """Make a private copy findable; True iff it is the hash's first resident copy."""
-        if type(block_id) is not int:
-            _unknown(block_id)
-        slot = block_id & _SLOT_MASK
-        copy = self._slots[slot] if slot < len(self._slots) else None
-        if copy is None or copy.id != block_id:
-            _unknown(block_id)
+        copy = self._live(block_id)
         if copy.hash is not None:
-            raise AlreadyCachedError(
-                f"block {block_id} is already cached (hash {copy.hash}); "
-                "only a private copy can enter the prefix cache"
-            )
+            _already_cached(copy)
         if not _is_hash(block_hash):
             _bad_hash(block_hash)
-        copy.hash = block_hash
-        if self._by_hash.setdefault(block_hash, copy) is copy:
-            return True
-        self._add_duplicate(block_hash, copy)
-        return False
+        return self._cache(copy, block_hash)
+
+    def cache_many(self, pairs: object) -> list[bool]:
+        """`cache_private` for each ``(block_id, hash)`` pair in order, all or nothing.
+
+        Every pair is checked first (a live private copy, named once in the batch, and a
+        valid hash), so a bad pair raises before anything changes. Returns the flags.
+        """
+        items = pairs if type(pairs) is list else _as_list(pairs)
+        copies: list[Copy] = []
+        hashes: list[object] = []
+        for pair in items:
+            if (type(pair) is not tuple and type(pair) is not list) or len(pair) != 2:
+                raise InvalidArgumentError(f"expected a (block_id, hash) pair, got {pair!r}")
+            copy = self._live(pair[0])
+            if copy.hash is not None:
+                _already_cached(copy)
+            if not _is_hash(pair[1]):
+                _bad_hash(pair[1])
+            copies.append(copy)
+            hashes.append(pair[1])
+        if len({id(copy) for copy in copies}) != len(copies):
+            seen: set[int] = set()
+            for copy in copies:
+                if copy.id in seen:
+                    raise AlreadyCachedError(f"block {copy.id} appears twice in one batch")
+                seen.add(copy.id)
+        return [self._cache(copies[i], hashes[i]) for i in range(len(copies))]
 
     def release(self, block_id: object) -> None:
         """Drop one request reference: a private copy is freed, a cached one may go idle."""
-        if type(block_id) is not int:
-            _unknown(block_id)
-        slot = block_id & _SLOT_MASK
-        copy = self._slots[slot] if slot < len(self._slots) else None
-        if copy is None or copy.id != block_id:
-            _unknown(block_id)
-        if copy.hash is None:
-            self._slots[slot] = None
-            self._free.append(slot)
-            self._num_copies -= 1
-            self._refs -= 1
-            return
-        holds = copy.holds
-        if not holds & REF_MASK:
-            raise BlockNotReferencedError(
-                f"block {block_id} (hash {copy.hash}) holds no request reference to release"
-            )
-        holds -= 1
-        copy.holds = holds
-        self._refs -= 1
-        if not holds:
-            sentinel = self._lru
-            tail = sentinel.prev
-            tail.next = copy  # type: ignore[union-attr]
-            copy.prev = tail
-            copy.next = sentinel
-            sentinel.prev = copy
-            self._num_inactive += 1
+        copy = self._live(block_id)
+        if not copy.holds & REF_MASK:
+            _not_referenced(copy, 1)
+        self._release(copy)
+
+    def release_many(self, block_ids: object) -> None:
+        """`release` each id in the order given, all or nothing.
+
+        Every id is checked first (live, holding at least as many references as it is
+        named in the batch), so a bad id raises before anything changes. Callers pass a
+        request's table reversed to release it leaf first.
+        """
+        ids = block_ids if type(block_ids) is list else _as_list(block_ids)
+        copies: list[Copy] = []
+        for block_id in ids:
+            copy = self._live(block_id)
+            if not copy.holds & REF_MASK:
+                _not_referenced(copy, 1)
+            copies.append(copy)
+        if len({id(copy) for copy in copies}) != len(copies):
+            named: dict[int, int] = {}
+            for copy in copies:
+                count = named.get(copy.id, 0) + 1
+                named[copy.id] = count
+                if count > copy.holds & REF_MASK:
+                    _not_referenced(copy, count)
+        for copy in copies:
+            self._release(copy)
 
     def cancel(self, reservation: object) -> None:
         """Return unconsumed capacity and unpin the unactivated prefix, leaf first."""
@@ -350,6 +365,45 @@ class BlockPool:
             reservation._fresh = 0
 
     # -------------------------------------------------------------- internals
+
+    def _live(self, block_id: object) -> Copy:
+        """The live copy ``block_id`` names, or `UnknownBlockError`."""
+        if type(block_id) is not int:
+            _unknown(block_id)
+        slot = block_id & _SLOT_MASK
+        copy = self._slots[slot] if slot < len(self._slots) else None
+        if copy is None or copy.id != block_id:
+            _unknown(block_id)
+        return copy
+
+    def _cache(self, copy: Copy, block_hash: object) -> bool:
+        """Index a validated private copy under ``block_hash``; True on the first copy."""
+        copy.hash = block_hash
+        if self._by_hash.setdefault(block_hash, copy) is copy:
+            return True
+        self._add_duplicate(block_hash, copy)
+        return False
+
+    def _release(self, copy: Copy) -> None:
+        """Drop one reference of a validated copy (a private copy holds exactly one)."""
+        if copy.hash is None:
+            slot = copy.id & _SLOT_MASK
+            self._slots[slot] = None
+            self._free.append(slot)
+            self._num_copies -= 1
+            self._refs -= 1
+            return
+        holds = copy.holds - 1
+        copy.holds = holds
+        self._refs -= 1
+        if not holds:
+            sentinel = self._lru
+            tail = sentinel.prev
+            tail.next = copy  # type: ignore[union-attr]
+            copy.prev = tail
+            copy.next = sentinel
+            sentinel.prev = copy
+            self._num_inactive += 1
 
     def _new_copy(self, block_hash: object) -> Copy:
         """Spend one reserved unit on a copy holding one reference, in a free slot."""
@@ -524,6 +578,24 @@ def _unknown(block_id: object) -> NoReturn:
     raise UnknownBlockError(
         f"block id {block_id!r} names no live copy of this pool "
         "(released, evicted, never allocated, or from another pool)"
+    )
+
+
+def _already_cached(copy: Copy) -> NoReturn:
+    raise AlreadyCachedError(
+        f"block {copy.id} is already cached (hash {copy.hash}); "
+        "only a private copy can enter the prefix cache"
+    )
+
+
+def _not_referenced(copy: Copy, count: int) -> NoReturn:
+    refs = copy.holds & REF_MASK
+    if count == 1:
+        raise BlockNotReferencedError(
+            f"block {copy.id} (hash {copy.hash}) holds no request reference to release"
+        )
+    raise BlockNotReferencedError(
+        f"block {copy.id} is released {count} times but holds {refs} request reference(s)"
     )
 
 
