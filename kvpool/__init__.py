@@ -1,11 +1,12 @@
 """kvpool: an exact, fast, concurrency-safe model of vLLM's GPU KV-cache block pool."""
 
-from kvpool.actors import open_pool
+from kvpool.actors import PoolClient, open_pool
 from kvpool.errors import (
     AlreadyCachedError,
     BlockError,
     BlockNotReferencedError,
     CapacityError,
+    DuplicateRequestError,
     ForeignReservationError,
     InvalidArgumentError,
     InvalidHashError,
@@ -14,11 +15,17 @@ from kvpool.errors import (
     PoolCrashed,
     PoolError,
     PrefixNotResidentError,
+    RequestError,
     ReservationClosedError,
     ReservationError,
     ReservationExhaustedError,
+    TokenCountError,
+    TraceError,
     UnknownBlockError,
+    UnknownRequestError,
 )
+from kvpool.manager import KvManager
+from kvpool.manager.client import ManagerClient, open_manager
 from kvpool.pool import BlockId, BlockPool, PrefixHit, Reservation, ReserveOutcome
 
 __version__ = "0.1.0"
@@ -30,20 +37,29 @@ __all__ = [
     "BlockNotReferencedError",
     "BlockPool",
     "CapacityError",
+    "DuplicateRequestError",
     "ForeignReservationError",
     "InvalidArgumentError",
     "InvalidHashError",
     "InvariantViolation",
+    "KvManager",
+    "ManagerClient",
+    "PoolClient",
     "PoolClosed",
     "PoolCrashed",
     "PoolError",
     "PrefixHit",
     "PrefixNotResidentError",
+    "RequestError",
     "Reservation",
     "ReservationClosedError",
     "ReservationError",
     "ReservationExhaustedError",
     "ReserveOutcome",
+    "TokenCountError",
+    "TraceError",
     "UnknownBlockError",
+    "UnknownRequestError",
+    "open_manager",
     "open_pool",
 ]
