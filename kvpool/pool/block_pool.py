@@ -210,10 +210,10 @@ class BlockPool:
             holds = copy.holds
             if not holds:
                 # Leave the LRU before the pin: membership follows refs and pins.
-                prev = copy.prev
-                nxt = copy.next
-                prev.next = nxt  # type: ignore[union-attr]
-                nxt.prev = prev  # type: ignore[union-attr]
+                prev = cast(Copy, copy.prev)  # linked: holds == 0
+                nxt = cast(Copy, copy.next)
+                prev.next = nxt
+                nxt.prev = prev
                 copy.prev = copy.next = None
                 unlinked += 1
             copy.holds = holds + PIN
@@ -352,8 +352,8 @@ class BlockPool:
                 holds = copy.holds - PIN
                 copy.holds = holds
                 if not holds:
-                    tail = sentinel.prev
-                    tail.next = copy  # type: ignore[union-attr]
+                    tail = cast(Copy, sentinel.prev)
+                    tail.next = copy
                     copy.prev = tail
                     copy.next = sentinel
                     sentinel.prev = copy
@@ -398,8 +398,8 @@ class BlockPool:
         self._refs -= 1
         if not holds:
             sentinel = self._lru
-            tail = sentinel.prev
-            tail.next = copy  # type: ignore[union-attr]
+            tail = cast(Copy, sentinel.prev)
+            tail.next = copy
             copy.prev = tail
             copy.next = sentinel
             sentinel.prev = copy
@@ -444,29 +444,29 @@ class BlockPool:
         free = self._free
         by_hash = self._by_hash
         dups = self._dups
-        copy = sentinel.next
+        copy = cast(Copy, sentinel.next)  # count <= inactive: the sentinel is never reached
         for _ in range(count):
-            slot = copy.id & _SLOT_MASK  # type: ignore[union-attr]
+            slot = copy.id & _SLOT_MASK
             slots[slot] = None
             free.append(slot)
-            block_hash = copy.hash  # type: ignore[union-attr]
+            block_hash = copy.hash
             if dups and block_hash in dups:
                 later = dups[block_hash]
                 if by_hash[block_hash] is copy:
                     by_hash[block_hash] = later.pop(0)
                 else:
-                    later.remove(copy)  # type: ignore[arg-type]
+                    later.remove(copy)
                 if not later:
                     del dups[block_hash]
             else:
                 del by_hash[block_hash]
                 removed.append(block_hash)
             # Unlink fully: adjacent evicted copies would otherwise keep each other alive.
-            nxt = copy.next  # type: ignore[union-attr]
-            copy.prev = copy.next = None  # type: ignore[union-attr]
+            nxt = cast(Copy, copy.next)
+            copy.prev = copy.next = None
             copy = nxt
         sentinel.next = copy
-        copy.prev = sentinel  # type: ignore[union-attr]
+        copy.prev = sentinel
         self._num_copies -= count
         self._num_inactive -= count
 
