@@ -196,7 +196,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (a smoke test)")
     args = parser.parse_args()
-    requests = 4_000 if args.quick else 40_000
+    requests = 4_000 if args.quick else 20_000
     repeats = 1 if args.quick else 3
     capacities = [1_000, 10_000, 100_000, 1_000_000]
 

@@ -80,26 +80,40 @@ class BlockPool:
     )
 
     def __init__(self, capacity: object) -> None:
+        # Set before anything can raise: __del__ reads these two.
+        # The slots grow with use up to `capacity` (copies never outnumber it): memory
+        # follows the blocks in use, not the capacity asked for.
+        self._slots: list[Copy | None] = []
+        sentinel = Copy(-1, None, -1)  # never inactive, never evicted
+        sentinel.prev = sentinel.next = sentinel
+        self._lru = sentinel
         if type(capacity) is not int or not 1 <= capacity < _MAX_CAPACITY:
             raise InvalidArgumentError(f"capacity must be an int in [1, 2**32), got {capacity!r}")
         self._capacity: int = capacity
-        # Grows with use up to `capacity` (copies never outnumber it): memory follows
-        # the blocks in use, not the capacity asked for.
-        self._slots: list[Copy | None] = []
         self._free: list[int] = []  # empty slots, reused LIFO
         # Hashes travel as the caller's int objects (typed object): narrowing one to int
         # would make the compiled code unbox it and box a fresh copy for every store.
         self._by_hash: dict[object, Copy] = {}
         self._dups: dict[object, list[Copy]] = {}  # never holds an empty list
-        sentinel = Copy(-1, None, -1)  # never inactive, never evicted
-        sentinel.prev = sentinel.next = sentinel
-        self._lru = sentinel
         self._num_copies = 0
         self._num_inactive = 0
         self._reserved = 0
         self._refs = 0  # request references: one per private copy plus cached refs
         self._id_limit = 0
         self._next_id = self._take_ids()  # ids are (serial << 32 | slot); serials only grow
+
+    def __del__(self) -> None:
+        # Compiled copies are invisible to the cyclic collector (see Copy), so the
+        # LRU ring is unlinked by hand; bounded, in case a test corrupted the links.
+        sentinel = self._lru
+        node = sentinel.next
+        for _ in range(len(self._slots) + 1):
+            if node is None or node is sentinel:
+                break
+            following = node.next
+            node.prev = node.next = None
+            node = following
+        sentinel.prev = sentinel.next = None
 
     def __repr__(self) -> str:
         return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final, NewType
 
 import msgspec
+from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
     from kvpool.pool.block_pool import BlockPool
@@ -27,6 +28,7 @@ ACTIVE_HIT: Final = PrefixHit(True)
 INACTIVE_HIT: Final = PrefixHit(False)
 
 
+@mypyc_attr(acyclic=True)  # refers to its pool and copies; nothing refers back
 class Reservation:
     """Capacity and cached-prefix pins held before a caller commits ownership.
 
@@ -66,6 +68,7 @@ class Reservation:
         return f"Reservation({state})"
 
 
+@mypyc_attr(acyclic=True)
 class ReserveOutcome:
     """A successful reserve: the reservation, and hashes whose last copy was evicted."""
 
