@@ -192,6 +192,23 @@ def measure_memory(capacity: int) -> tuple[float, float]:
     return structures / capacity, with_hashes / capacity
 
 
+def dict_lookup_ns(size: int, lookups: int = 200_000) -> float:
+    """What memory latency alone does: ns per dict.get of a random resident u64 key.
+
+    Every eviction and every newly cached hash touches such a random slot, so this
+    ratio between sizes bounds how flat any hash-indexed pool's cost can stay.
+    """
+    table = {random.getrandbits(64): None for _ in range(size)}
+    keys = random.choices(list(table), k=lookups)
+    get = table.get
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        deque(map(get, keys), maxlen=0)
+        best = min(best, time.perf_counter() - start)
+    return best / lookups * 1e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (a smoke test)")
@@ -216,6 +233,11 @@ def main() -> None:
     mean_ns = sum(per_call.values()) / len(per_call)
     print(f"mean ns per pool call over all capacities: {mean_ns:.0f} (target <= 300)")
     print(f"per-call cost, capacity 1,000,000 vs 1,000: {ratio:.2f}x (target <= 1.3x)")
+    small, large = dict_lookup_ns(capacities[0]), dict_lookup_ns(capacities[-1])
+    print(
+        f"for scale, one dict lookup of a random resident u64 key: {small:.0f} ns among "
+        f"{capacities[0]:,}, {large:.0f} ns among {capacities[-1]:,} ({large / small:.2f}x)"
+    )
 
     memory_capacity = 100_000 if args.quick else 1_000_000
     structures, with_hashes = measure_memory(memory_capacity)
