@@ -7,8 +7,12 @@ Run:  python benchmarks/bench_actor.py            (about 40 s)
    loop; the figure is CPU time / total calls, for N in 1, 10, 100, 1000, on asyncio,
    asyncio+uvloop and trio. CPU time, not wall time, because the machine is shared
    (the loop never idles, so the two agree on a quiet machine); best of a few repeats.
-   The "floor" columns run the same round trip with no actor at all (a server task
-   answering loop futures, or rescheduling parked trio tasks): the loop's own cost.
+   The first columns are the default: a caller of an idle actor takes the turn itself
+   (a direct turn: the handler, then one checkpoint). "mailbox only" turns direct
+   turns off, so every call is posted to the actor and answered through a reply slot.
+   The "floor" columns run that mailbox round trip with no actor at all (a server task
+   answering loop futures, or rescheduling parked trio tasks): the loop's own cost of a
+   posted call. A direct turn's own floor is one checkpoint of the loop.
 2. Workload: cycles of ``admit`` (32-block chain, shared prefixes) + ``cache_many`` of
    the fresh blocks + ``free``, through the actor with C concurrent clients, against
    the same cycles driven straight on a bare `BlockPool` in the same process (ratio =
@@ -52,10 +56,12 @@ def backends() -> list[tuple[str, str, dict[str, Any]]]:
     return found
 
 
-async def round_trips(clients: int, total_calls: int) -> float:
-    """Microseconds per round trip with ``clients`` tasks sharing ``total_calls`` calls."""
+async def round_trips(clients: int, total_calls: int, direct: bool = True) -> float:
+    """Microseconds per round trip with ``clients`` tasks sharing ``total_calls`` calls;
+    ``direct=False`` makes every call go through the mailbox (no direct turns)."""
     per_client = max(total_calls // clients, 1)
     async with open_pool(64) as pool:
+        pool._actor.direct_turns = direct
 
         async def client() -> None:
             hit = pool.prefix_hit
@@ -220,7 +226,8 @@ def make_chains(count: int, seed: int = 1) -> list[list[int]]:
 
 
 def bare_cycles(chains: list[list[int]]) -> float:
-    """Seconds for the workload straight on a BlockPool."""
+    """Seconds for the workload straight on a BlockPool, with its fastest calls for the
+    same cycle (one match_prefix, one cache_many, one release_many leaf first)."""
     pool = BlockPool(CAPACITY)
     started = time.process_time()
     for chain in chains:
@@ -231,10 +238,8 @@ def bare_cycles(chains: list[list[int]]) -> float:
         blocks = pool.activate_prefix(reservation)
         blocks += [pool.allocate_private(reservation) for _ in range(reservation.fresh)]
         pool.cancel(reservation)
-        for block_id, block_hash in zip(blocks[hits:], chain[hits:], strict=True):
-            pool.cache_private(block_id, block_hash)
-        for block_id in reversed(blocks):
-            pool.release(block_id)
+        pool.cache_many(list(zip(blocks[hits:], chain[hits:], strict=True)))
+        pool.release_many(blocks[::-1])
     return time.process_time() - started
 
 
@@ -282,19 +287,30 @@ def main() -> None:
     print(
         f"round trip, microseconds of CPU per call (prefix_hit; {calls} calls, best of {repeats})"
     )
-    print(f"{'clients':>8}" + "".join(f"{name:>10}" for name in names) + "   | floor: no actor")
+    print(
+        f"{'clients':>8}" + "".join(f"{name:>10}" for name in names)
+        + "   | mailbox only" + " " * 11 + "| floor: no actor"
+    )  # fmt: skip
     variants: dict[Any, Callable[[], float]] = {}
+    kinds: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = [
+        ("actor", round_trips, ()),
+        ("mailbox", round_trips, (False,)),
+        ("floor", ping_pong_floor, ()),
+    ]
     for name, backend, options in backends():
         for clients in (1, 10, 100, 1000):
-            for kind, bench in (("actor", round_trips), ("floor", ping_pong_floor)):
-                variants[kind, name, clients] = lambda f=bench, c=clients, b=backend, o=options: (
-                    anyio.run(f, c, calls, backend=b, backend_options=o)
+            for kind, bench, extra in kinds:
+                variants[kind, name, clients] = (
+                    lambda f=bench, c=clients, e=extra, b=backend, o=options: anyio.run(
+                        f, c, calls, *e, backend=b, backend_options=o
+                    )
                 )
     table = interleaved(variants, repeats)
     for clients in (1, 10, 100, 1000):
         row = "".join(f"{table['actor', name, clients]:10.2f}" for name in names)
+        mailbox = "".join(f"{table['mailbox', name, clients]:8.2f}" for name in names)
         floor = "".join(f"{table['floor', name, clients]:8.2f}" for name in names)
-        print(f"{clients:>8}{row}   |{floor}")
+        print(f"{clients:>8}{row}   |{mailbox}   |{floor}")
 
     print("\ndispatch, nanoseconds per message (first kind / last kind of 13)")
     for name, (first, last) in dispatch_costs(5).items():

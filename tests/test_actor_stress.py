@@ -116,12 +116,14 @@ class Lifecycle:
 
 
 @pytest.mark.anyio
-async def test_thousands_of_interrupted_lifecycles_leak_nothing() -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-turns", "mailbox-only"])
+async def test_thousands_of_interrupted_lifecycles_leak_nothing(direct: bool) -> None:
     rng = random.Random(20261129)
     finished = 0
     interrupted = [0]
     with anyio.fail_after(HANG_GUARD):
         async with open_pool(CAPACITY) as pool:
+            pool._actor.direct_turns = direct  # both paths: idle callers' turns and posts
 
             async def one(seed: int) -> None:
                 nonlocal finished
@@ -190,8 +192,9 @@ async def _asyncio_worker(pool: PoolClient, rng: random.Random) -> None:
 @pytest.mark.parametrize(
     "run", [pytest.param(asyncio.run, id="asyncio"), pytest.param(uvloop.run, id="uvloop")]
 )
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-turns", "mailbox-only"])
 def test_asyncio_timeouts_and_task_cancels_leak_nothing(
-    run: Any, monkeypatch: pytest.MonkeyPatch
+    run: Any, direct: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     undone: list[str] = []
     for name in ["undo_admit", "undo_reserve", "undo_allocate_private"]:
@@ -206,6 +209,7 @@ def test_asyncio_timeouts_and_task_cancels_leak_nothing(
     async def scenario() -> None:
         rng = random.Random(7)
         async with open_pool(64) as pool:
+            pool._actor.direct_turns = direct
             tasks = [
                 asyncio.create_task(_asyncio_worker(pool, random.Random(rng.random())))
                 for _ in range(2000)

@@ -6,7 +6,10 @@ a time, so each handler call is one atomic turn. It knows nothing about block po
 
 Mailbox: a deque of ``(message, slot)`` pairs. Posting appends and wakes the actor, so it
 never blocks and cannot be half-done; the actor drains the whole deque in one go before
-sleeping again, so under load one wake-up serves many calls (benchmarks/bench_actor.py).
+sleeping again, so under load one wake-up serves many calls. While the actor sleeps on an
+empty mailbox with nobody waiting, a caller takes the turn itself instead of posting (a
+direct turn, `kvpool.actors.loops`): the same handler, run the same way, with no slot
+and no wake-up (benchmarks/bench_actor.py measures both paths).
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ class Actor:
         "_queue",
         "_status",
         "_waiters",
+        "direct_turns",
     )
 
     def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]]) -> None:
@@ -133,6 +137,9 @@ class Actor:
         self._status = Status.OPEN
         self._cause: BaseException | None = None
         self._on_crash: Callable[[], None] | None = None
+        self.direct_turns = True
+        """Whether callers of an idle actor take its turn themselves (the default) or
+        always post to the mailbox (for tests and benchmarks of the mailbox path)."""
 
     # ------------------------------------------------------------------ callers
 
@@ -178,6 +185,21 @@ class Actor:
         if self._status is not Status.OPEN:
             raise self.gone_error()
         raise InvalidArgumentError(f"no handler for message {message!r}")
+
+    def _turn_failed(self, exc: BaseException) -> BaseException:
+        """A direct turn's handler raised ``exc``: return what its caller must raise.
+
+        A refusal (a `PoolError` other than `InvariantViolation`) is returned as is and
+        changed nothing. Anything else is a bug: the actor crashes and the caller gets
+        `PoolCrashed`; an exception that is not an `Exception` (e.g. KeyboardInterrupt)
+        propagates as it is, after the crash.
+        """
+        if isinstance(exc, PoolError) and not isinstance(exc, InvariantViolation):
+            return exc
+        self._crash(exc, None)
+        if not isinstance(exc, Exception):
+            return exc
+        return self.gone_error()
 
     def _wake(self) -> None:
         """Wake the actor if it sleeps (cheap, idempotent)."""

@@ -1,21 +1,31 @@
 """The actor's event-loop half: ``call`` and the idle sleep, for asyncio and for trio.
 
-A reply slot is what a caller waits on while its request sits in the mailbox. On
-asyncio (and uvloop) the slot *is* a loop future, the cheapest awaitable there; on trio
-it is a small record whose reply reschedules the parked task directly. ``anyio.Event``
-would serve both but costs several times more per call. The round trip is written out
-in one coroutine per loop because every layer costs a measurable share of a microsecond.
+A call takes one of two paths. While the actor sleeps on an empty mailbox with nobody
+waiting, the calling task takes the actor's turn itself (a *direct turn*): it runs the
+handler synchronously, exactly as the actor would (handlers never await and the loop
+runs one task at a time), then passes a checkpoint. A caller cancelled at that
+checkpoint leaves its reply unread, and the actor undoes it as for a posted call.
+Otherwise the call is *posted*: it joins the mailbox, wakes the actor and waits on a
+reply slot. Either way each call is one atomic turn, turns keep the order in which
+they were taken, and every call is a checkpoint. A direct turn needs no slot, no
+wake-up and no second task switch: about half the instructions of a posted call.
+
+A reply slot is what a posted caller waits on. On asyncio (and uvloop) the slot *is* a
+loop future, the cheapest awaitable there; on trio it is a small record whose reply
+reschedules the parked task directly. The round trip is written out in one coroutine
+per loop because every layer costs a measurable share of a microsecond.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import types
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 import sniffio
 
-from kvpool.actors.core import UNDO_HANDLER, Actor, Handler, Status, _Undo
+from kvpool.actors.core import UNDO_HANDLER, WAIT, Actor, Handler, Status, _Undo
 from kvpool.errors import InvalidArgumentError
 
 _OPEN = Status.OPEN
@@ -31,10 +41,43 @@ class AsyncioActor(Actor):
         self._new_future = asyncio.get_running_loop().create_future
         self._sleeper: asyncio.Future[None] | None = None
 
-    async def call(self, message: Any, unwrap: Callable[[Any], Any] | None = None) -> Any:
+    @types.coroutine
+    def call(
+        self, message: Any, unwrap: Callable[[Any], Any] | None = None
+    ) -> Generator[Any, None, Any]:
+        # A generator-based coroutine: its bare yield reaches the task with no
+        # intermediate awaitable (13% fewer instructions per call than async def).
         handler = self._handlers.get(type(message))
         if handler is None or self._status is not _OPEN:
-            return await self._refuse(message)
+            return (yield from self._refuse(message).__await__())
+        if self._sleeper is None or self._queue or self._waiters or not self.direct_turns:
+            return (yield from self._post(message, handler, unwrap).__await__())
+        # A direct turn, then the checkpoint every call is.
+        try:
+            reply = handler.handle(message)
+        except BaseException as exc:
+            error = self._turn_failed(exc)
+            yield
+            raise error  # noqa: B904 (the handler's own error, or PoolCrashed with cause)
+        if reply is WAIT:
+            slot = self._new_future()
+            self._waiters.append((message, slot, handler))
+            return (yield from self._reply(message, slot, handler, unwrap).__await__())
+        try:
+            yield
+        except BaseException:
+            # Cancelled with the reply unread: give back what the turn handed out.
+            if handler.undo is not None:
+                self.give_back(message, reply, handler.undo)
+            raise
+        return reply if unwrap is None else unwrap(reply)
+
+    async def _post(
+        self, message: Any, handler: Handler[Any, Any], unwrap: Callable[[Any], Any] | None
+    ) -> Any:
+        """Queue the call for the actor and wait for its reply."""
+        if self._status is not _OPEN:
+            raise self.gone_error()
         slot = self._new_future()
         self._queue.append((message, slot))
         sleeper = self._sleeper
@@ -42,6 +85,15 @@ class AsyncioActor(Actor):
             self._sleeper = None
             if not sleeper.done():
                 sleeper.set_result(None)
+        return await self._reply(message, slot, handler, unwrap)
+
+    async def _reply(
+        self,
+        message: Any,
+        slot: asyncio.Future[Any],
+        handler: Handler[Any, Any],
+        unwrap: Callable[[Any], Any] | None,
+    ) -> Any:
         try:
             reply = await slot
         except BaseException:
@@ -120,13 +172,15 @@ class _TrioSlot:
 _reschedule: Any = None
 _current_task: Any = None
 _wait_task_rescheduled: Any = None
+_checkpoint: Any = None
 _Value: Any = None
 _Error: Any = None
 _SUCCEEDED: Any = None
 
 
 def _bind_trio() -> None:
-    global _reschedule, _current_task, _wait_task_rescheduled, _Value, _Error, _SUCCEEDED
+    global _reschedule, _current_task, _wait_task_rescheduled, _checkpoint
+    global _Value, _Error, _SUCCEEDED
     if _reschedule is None:
         import outcome
         import trio
@@ -134,17 +188,19 @@ def _bind_trio() -> None:
         _reschedule = trio.lowlevel.reschedule
         _current_task = trio.lowlevel.current_task
         _wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
+        _checkpoint = trio.lowlevel.checkpoint
         _Value = outcome.Value
         _Error = outcome.Error
         _SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
 
 
 class TrioActor(Actor):
-    """Direct task rescheduling: a reply is delivered by waking the caller's task.
+    """Direct task rescheduling: a posted call's reply is delivered by waking its task.
 
     A trio task the actor has rescheduled is no longer parked, so trio cannot abort its
-    wait: the caller always reads a delivered reply, and a cancellation lands at its
-    next checkpoint. No reply is ever left unread, so nothing needs undoing here.
+    wait: a posted caller always reads a delivered reply, and a cancellation lands at
+    its next checkpoint. Only a direct turn can leave a reply unread (its checkpoint
+    comes after the turn).
     """
 
     __slots__ = ("_sleeper",)
@@ -155,14 +211,44 @@ class TrioActor(Actor):
         self._sleeper: Any = None
 
     async def call(self, message: Any, unwrap: Callable[[Any], Any] | None = None) -> Any:
-        if type(message) not in self._handlers or self._status is not _OPEN:
+        handler = self._handlers.get(type(message))
+        if handler is None or self._status is not _OPEN:
             return await self._refuse(message)
+        if self._sleeper is None or self._queue or self._waiters or not self.direct_turns:
+            return await self._post(message, unwrap)
+        # A direct turn, then the checkpoint every call is.
+        try:
+            reply = handler.handle(message)
+        except BaseException as exc:
+            error = self._turn_failed(exc)
+            await _checkpoint()
+            raise error  # noqa: B904 (the handler's own error, or PoolCrashed with cause)
+        if reply is WAIT:
+            slot = _TrioSlot(_current_task())
+            self._waiters.append((message, slot, handler))
+            return await self._reply(slot, unwrap)
+        try:
+            await _checkpoint()
+        except BaseException:
+            # Cancelled with the reply unread: give back what the turn handed out.
+            if handler.undo is not None:
+                self.give_back(message, reply, handler.undo)
+            raise
+        return reply if unwrap is None else unwrap(reply)
+
+    async def _post(self, message: Any, unwrap: Callable[[Any], Any] | None) -> Any:
+        """Queue the call for the actor and wait for its reply."""
+        if self._status is not _OPEN:
+            raise self.gone_error()
         slot = _TrioSlot(_current_task())
         self._queue.append((message, slot))
         sleeper = self._sleeper
         if sleeper is not None:
             self._sleeper = None
             _reschedule(sleeper)
+        return await self._reply(slot, unwrap)
+
+    async def _reply(self, slot: _TrioSlot, unwrap: Callable[[Any], Any] | None) -> Any:
         try:
             reply = await _wait_task_rescheduled(slot.abort)
         except BaseException:

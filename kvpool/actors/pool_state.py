@@ -134,6 +134,7 @@ class PoolState:
 
     def undo_reserve(self, message: Reserve, reply: ReserveReply) -> None:
         if reply.reservation is not None:
+            self.reserves -= 1  # counters count what callers got; evictions stay counted
             held = self._held.pop(reply.reservation, None)
             if held is not None:
                 for part in held.parts:
@@ -251,6 +252,8 @@ class PoolState:
 
     def undo_admit(self, message: Admit, reply: AdmitReply) -> None:
         if reply.admission is not None:
+            self.reserves -= 1  # counters count what callers got; evictions stay counted
+            self.admissions -= 1
             self._release_leaf_first(reply.admission.blocks)
 
     def cache_many(self, message: CacheMany) -> FlagsReply:
@@ -285,7 +288,7 @@ class PoolState:
             return
         outcome = self.pool.reserve((), 1)
         if outcome is not None:
-            self.record_reserve(outcome.removed)
+            self.evictions += len(outcome.removed)  # not a caller's reserve: not counted
             held.parts.append(outcome.reservation)
 
     def _release_leaf_first(self, block_ids: Sequence[int]) -> None:

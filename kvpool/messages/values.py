@@ -24,8 +24,10 @@ class PoolStats(msgspec.Struct, frozen=True, gc=False):
     """A snapshot of the pool's occupancy plus cumulative counters since the actor started.
 
     ``reserves`` counts successful reservations (admissions included) and
-    ``reserve_failures`` the ones that did not fit; ``evictions`` counts hashes whose last
-    copy was evicted (the router-visible removals); ``waiters`` is the FIFO queue's length.
+    ``reserve_failures`` the ones that did not fit; a reservation or admission undone
+    because its caller never read it is not counted (its evictions are). ``evictions``
+    counts hashes whose last copy was evicted (the router-visible removals); ``waiters``
+    is the FIFO queue's length.
     """
 
     capacity: int
