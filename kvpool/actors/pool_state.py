@@ -225,7 +225,12 @@ class PoolState:
         chain = message.chain
         extra = message.extra
         pool = self.pool
-        _check_chain(chain)
+        if not is_sequence(chain):
+            raise InvalidArgumentError(f"chain must be a sequence of ints, got {chain!r}")
+        # The pool checks every hash up to the first miss, the miss included; only the
+        # rest of the chain needs checking here.
+        hits, active = pool.match_prefix(chain)
+        _check_hashes(chain[hits + 1 :])
         if type(extra) is not int or extra < 0:
             raise InvalidArgumentError(f"extra must be an int >= 0, got {extra!r}")
         if len(chain) + extra > pool.capacity:
@@ -233,7 +238,6 @@ class PoolState:
                 f"a chain of {len(chain)} blocks plus {extra} extra can never fit "
                 f"in a pool of {pool.capacity}"
             )
-        hits, active = pool.match_prefix(chain)
         prefix = chain[:hits] if hits < len(chain) else chain
         outcome = pool.reserve(prefix, len(chain) - hits + extra)
         if outcome is None:
@@ -314,12 +318,13 @@ def is_sequence(value: object) -> TypeGuard[Sequence[Any]]:
     return isinstance(value, Sequence) and not isinstance(value, str | bytes)
 
 
-def _check_chain(chain: object) -> None:
-    if not is_sequence(chain):
-        raise InvalidArgumentError(f"chain must be a sequence of ints, got {chain!r}")
-    if not chain or (set(map(type, chain)) == {int} and min(chain) >= 0 and max(chain) <= MAX_HASH):
+def _check_hashes(hashes: Sequence[Any]) -> None:
+    """InvalidHashError unless every item is an int in [0, 2**64) (C-level passes first)."""
+    if not hashes or (
+        set(map(type, hashes)) == {int} and min(hashes) >= 0 and max(hashes) <= MAX_HASH
+    ):
         return
-    for block_hash in chain:
+    for block_hash in hashes:
         if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
             raise InvalidHashError(f"block hash must be an int in [0, 2**64), got {block_hash!r}")
 
