@@ -13,8 +13,9 @@ Cancellation contract (holds at every point: queued, being handled, replied but 
 
 - Calls that hand ownership to the caller (reserve, activate_prefix, allocate_*, admit)
   are all or nothing: the caller gets the result, or the actor skips the request (still
-  queued) or undoes it (a later turn gives the ownership back). On trio a reply, once
-  delivered, is always read, so only the first two cases arise there. Undoing gives
+  queued) or undoes it (a later turn gives the ownership back). A caller of an idle
+  actor takes the turn itself and then passes a checkpoint; cancelled there, it leaves
+  its reply unread, which is undone the same way (`kvpool.actors.loops`). Undoing gives
   back what the call took: a reservation is cancelled, blocks are released leaf first,
   an activated prefix is pinned again and a spent unit returns to its reservation (for
   ``allocate_cached`` only if a unit can be freed: the copy itself stays cached, idle).

@@ -8,6 +8,7 @@ can give the reservation back exactly what the call took.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypeGuard
 
@@ -319,11 +320,17 @@ def is_sequence(value: object) -> TypeGuard[Sequence[Any]]:
 
 
 def _check_hashes(hashes: Sequence[Any]) -> None:
-    """InvalidHashError unless every item is an int in [0, 2**64) (C-level passes first)."""
-    if not hashes or (
-        set(map(type, hashes)) == {int} and min(hashes) >= 0 and max(hashes) <= MAX_HASH
-    ):
+    """InvalidHashError unless every item is an int in [0, 2**64) (C-level passes first:
+    exact ints, then an unsigned 64-bit array refuses any out of range)."""
+    if not hashes:
         return
+    if set(map(type, hashes)) == {int}:
+        try:
+            array("Q", hashes)
+        except OverflowError:
+            pass
+        else:
+            return
     for block_hash in hashes:
         if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
             raise InvalidHashError(f"block hash must be an int in [0, 2**64), got {block_hash!r}")
