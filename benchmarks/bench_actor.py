@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import os
 import random
+import statistics
 import sys
 import time
 from collections import deque
@@ -266,11 +267,22 @@ async def actor_cycles(chains: list[list[int]], clients: int) -> float:
 def interleaved(variants: dict[Any, Callable[[], float]], repeats: int) -> dict[Any, float]:
     """Best time of each variant, the repeats taken in turns so that a noisy neighbour
     on this shared machine slows every variant alike rather than one of them."""
+    return {key: min(values) for key, values in in_turns(variants, repeats).items()}
+
+
+def in_turns(variants: dict[Any, Callable[[], float]], repeats: int) -> dict[Any, list[float]]:
+    """Every time of each variant, one run of each per turn."""
     times: dict[Any, list[float]] = {key: [] for key in variants}
     for _ in range(repeats):
         for key, run in variants.items():
             times[key].append(run())
-    return {key: min(values) for key, values in times.items()}
+    return times
+
+
+def paired_ratio(bare: list[float], other: list[float]) -> float:
+    """Median over turns of bare time / other time: runs of one turn are seconds apart,
+    so a neighbour's burst skews one turn's pair, not the median."""
+    return statistics.median(b / o for b, o in zip(bare, other, strict=True))
 
 
 def main() -> None:
@@ -326,22 +338,23 @@ def main() -> None:
             workload[name, clients] = lambda c=clients, b=backend, o=options: anyio.run(
                 actor_cycles, chains, c, backend=b, backend_options=o
             )
-    times = interleaved(workload, repeats)
-    bare = times.pop("bare")
-    handlers = times.pop("handlers")
+    turns = 3 * repeats  # a turn takes well under a second: more turns, steadier ratios
+    runs = in_turns(workload, turns)
+    bare_runs = runs.pop("bare")
+    bare = min(bare_runs)
     print(
         f"\nworkload: {cycles} cycles of admit({CHAIN}) + cache_many + free, "
-        f"capacity {CAPACITY}, CPU time, best of {repeats}"
+        f"capacity {CAPACITY}, CPU time, best of {turns} turns; ratio = throughput vs "
+        "bare, median of the turns' pairs"
     )
     print(f"  bare BlockPool:            {bare / cycles * 1e6:8.2f} us/cycle")
-    print(
-        f"  actor handlers, no loop:   {handlers / cycles * 1e6:8.2f} us/cycle"
-        f"  ratio {bare / handlers:5.2f}x of bare"
-    )
-    for (name, clients), through in times.items():
+    for key, through in runs.items():
+        label = "actor handlers, no loop:  " if key == "handlers" else (
+            f"actor {key[0]:8s} {key[1]:3d} clients:"
+        )  # fmt: skip
         print(
-            f"  actor {name:8s} {clients:3d} clients: {through / cycles * 1e6:8.2f} us/cycle"
-            f"  ratio {bare / through:5.2f}x of bare"
+            f"  {label} {min(through) / cycles * 1e6:8.2f} us/cycle"
+            f"  ratio {paired_ratio(bare_runs, through):5.2f}x of bare"
         )
 
 
