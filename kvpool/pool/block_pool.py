@@ -31,6 +31,7 @@ from kvpool.errors import (
     InvalidArgumentError,
     InvalidHashError,
     InvariantViolation,
+    PoolError,
     PrefixNotResidentError,
     ReservationClosedError,
     ReservationExhaustedError,
@@ -56,6 +57,8 @@ _IDS_PER_RANGE: Final = 1 << 12
 # every pool in the process and the hot path needs no global state.
 _id_ranges = count(1)
 _PIN_TO_REF: Final = 1 - PIN  # added to ``holds``: one pin becomes one reference
+_MAX_UNBOXED: Final = (1 << 62) - 1  # the largest int mypyc keeps as a machine word
+_CLAIMED: Final = object()  # cache_many's mark on a copy it has checked, until it acts
 
 
 class BlockPool:
@@ -300,22 +303,24 @@ class BlockPool:
         items = pairs if type(pairs) is list else _as_list(pairs)
         copies: list[Copy] = []
         hashes: list[object] = []
-        for pair in items:
-            if (type(pair) is not tuple and type(pair) is not list) or len(pair) != 2:
-                raise InvalidArgumentError(f"expected a (block_id, hash) pair, got {pair!r}")
-            copy = self._live(pair[0])
-            if copy.hash is not None:
-                _already_cached(copy)
-            if not _is_hash(pair[1]):
-                _bad_hash(pair[1])
-            copies.append(copy)
-            hashes.append(pair[1])
-        if len({id(copy) for copy in copies}) != len(copies):
-            seen: set[int] = set()
+        try:
+            for pair in items:
+                if (type(pair) is not tuple and type(pair) is not list) or len(pair) != 2:
+                    raise InvalidArgumentError(f"expected a (block_id, hash) pair, got {pair!r}")
+                copy = self._live(pair[0])
+                if copy.hash is not None:
+                    if copy.hash is _CLAIMED:
+                        raise AlreadyCachedError(f"block {copy.id} appears twice in one batch")
+                    _already_cached(copy)
+                if not _is_hash(pair[1]):
+                    _bad_hash(pair[1])
+                copy.hash = _CLAIMED  # so that a second mention of the copy is refused
+                copies.append(copy)
+                hashes.append(pair[1])
+        except PoolError:
             for copy in copies:
-                if copy.id in seen:
-                    raise AlreadyCachedError(f"block {copy.id} appears twice in one batch")
-                seen.add(copy.id)
+                copy.hash = None
+            raise
         return [self._cache(copies[i], hashes[i]) for i in range(len(copies))]
 
     def release(self, block_id: object) -> None:
@@ -334,18 +339,16 @@ class BlockPool:
         """
         ids = block_ids if type(block_ids) is list else _as_list(block_ids)
         copies: list[Copy] = []
-        for block_id in ids:
-            copy = self._live(block_id)
-            if not copy.holds & REF_MASK:
-                _not_referenced(copy, 1)
-            copies.append(copy)
-        if len({id(copy) for copy in copies}) != len(copies):
-            named: dict[int, int] = {}
+        try:
+            for block_id in ids:
+                copy = self._live(block_id)
+                if not copy.holds & REF_MASK:
+                    _not_referenced(copy, 1 + sum(1 for seen in copies if seen is copy))
+                copy.holds -= 1  # taken back below: a later mention sees one ref fewer
+                copies.append(copy)
+        finally:
             for copy in copies:
-                count = named.get(copy.id, 0) + 1
-                named[copy.id] = count
-                if count > copy.holds & REF_MASK:
-                    _not_referenced(copy, count)
+                copy.holds += 1
         for copy in copies:
             self._release(copy)
 
@@ -638,4 +641,8 @@ def _as_list(prefix: object) -> list[object]:
 
 def _is_hash(value: object) -> bool:
     """An int in [0, 2**64). A function, so callers keep the caller's int object as is."""
-    return type(value) is int and 0 <= value <= MAX_HASH
+    if type(value) is not int:
+        return False
+    if 0 <= value <= _MAX_UNBOXED:  # compiled: compares as machine words, no boxing
+        return True
+    return 0 <= value <= MAX_HASH
