@@ -214,7 +214,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller runs (a smoke test)")
     args = parser.parse_args()
     requests = 4_000 if args.quick else 20_000
-    repeats = 1 if args.quick else 3
+    repeats = 1 if args.quick else 2
     capacities = [1_000, 10_000, 100_000, 1_000_000]
 
     print(f"kvpool BlockPool benchmark (Python {sys.version.split()[0]}), {requests} requests")
