@@ -226,9 +226,11 @@ def make_chains(count: int, seed: int = 1) -> list[list[int]]:
     return chains
 
 
-def bare_cycles(chains: list[list[int]]) -> float:
-    """Seconds for the workload straight on a BlockPool, with its fastest calls for the
-    same cycle (one match_prefix, one cache_many, one release_many leaf first)."""
+def bare_cycles(chains: list[list[int]], batched: bool = True) -> float:
+    """Seconds for the workload straight on a BlockPool. Batched: its fastest calls for
+    the same cycle (one match_prefix, one cache_many, one release_many leaf first);
+    otherwise one cache_private and one release per block, the per-block API a caller
+    without the batch calls would write."""
     pool = BlockPool(CAPACITY)
     started = time.process_time()
     for chain in chains:
@@ -239,8 +241,14 @@ def bare_cycles(chains: list[list[int]]) -> float:
         blocks = pool.activate_prefix(reservation)
         blocks += [pool.allocate_private(reservation) for _ in range(reservation.fresh)]
         pool.cancel(reservation)
-        pool.cache_many(list(zip(blocks[hits:], chain[hits:], strict=True)))
-        pool.release_many(blocks[::-1])
+        if batched:
+            pool.cache_many(list(zip(blocks[hits:], chain[hits:], strict=True)))
+            pool.release_many(blocks[::-1])
+        else:
+            for block_id, block_hash in zip(blocks[hits:], chain[hits:], strict=True):
+                pool.cache_private(block_id, block_hash)
+            for block_id in reversed(blocks):
+                pool.release(block_id)
     return time.process_time() - started
 
 
@@ -331,6 +339,7 @@ def main() -> None:
     chains = make_chains(cycles)
     workload: dict[Any, Callable[[], float]] = {
         "bare": lambda: bare_cycles(chains),
+        "per-block": lambda: bare_cycles(chains, batched=False),
         "handlers": lambda: handler_cycles(chains),
     }
     for name, backend, options in backends():
@@ -341,20 +350,23 @@ def main() -> None:
     turns = 3 * repeats  # a turn takes well under a second: more turns, steadier ratios
     runs = in_turns(workload, turns)
     bare_runs = runs.pop("bare")
-    bare = min(bare_runs)
+    per_block_runs = runs.pop("per-block")
     print(
         f"\nworkload: {cycles} cycles of admit({CHAIN}) + cache_many + free, "
-        f"capacity {CAPACITY}, CPU time, best of {turns} turns; ratio = throughput vs "
-        "bare, median of the turns' pairs"
+        f"capacity {CAPACITY}, CPU time, best of {turns} turns; ratios = throughput vs a "
+        "bare pool, median of the turns' pairs"
     )
-    print(f"  bare BlockPool:            {bare / cycles * 1e6:8.2f} us/cycle")
+    print(f"  bare BlockPool, batch calls:     {min(bare_runs) / cycles * 1e6:8.2f} us/cycle")
+    print(f"  bare BlockPool, per-block calls: {min(per_block_runs) / cycles * 1e6:8.2f} us/cycle")
+    print(f"{'':39s}{'':11s}  vs batch  vs per-block")
     for key, through in runs.items():
-        label = "actor handlers, no loop:  " if key == "handlers" else (
+        label = "actor handlers, no loop:" if key == "handlers" else (
             f"actor {key[0]:8s} {key[1]:3d} clients:"
         )  # fmt: skip
         print(
-            f"  {label} {min(through) / cycles * 1e6:8.2f} us/cycle"
-            f"  ratio {paired_ratio(bare_runs, through):5.2f}x of bare"
+            f"  {label:31s} {min(through) / cycles * 1e6:8.2f} us/cycle"
+            f"  {paired_ratio(bare_runs, through):7.2f}x"
+            f"  {paired_ratio(per_block_runs, through):10.2f}x"
         )
 
 
