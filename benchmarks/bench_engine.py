@@ -11,8 +11,8 @@ workload with the CLI's default flags and prints, best of ``--repeat`` runs:
 - the share of wall time spent awaiting KV calls (`TimedKvClient`): the manager, the
   pool and, for the actor, the round trip through it; the rest is the scheduler, the
   simulation loop and workload generation;
-- for the actor, the share of wall time the actor spends in its own turns (its handlers:
-  manager and pool work, timed around the actor's turn methods), without the task
+- for the actor, the share of wall time spent handling its messages (its handlers:
+  manager and pool work, timed around each handler, whichever task runs it), without the task
   switches of a round trip;
 - from one cProfile run: the share of (profiled) time inside the pool core, the manager
   and hashing, the actor machinery, and the engine.
@@ -38,35 +38,46 @@ from kvpool.workloads import RequestSpec, default_workload
 
 
 class ActorTurnTimer:
-    """Adds up the wall time the pool actors spend in their turns (handlers: manager and
-    pool work), by wrapping the actor's turn methods for the benchmark's duration."""
+    """Adds up the wall time the pool actors spend handling messages (manager and pool
+    work), whichever task runs the turn: the actor's own, or a caller taking a direct
+    turn. Wraps every handler of each actor created while the timer is active."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
 
     def __enter__(self) -> ActorTurnTimer:
-        from kvpool.actors.core import Actor
+        from kvpool.actors.core import Actor, Handler
 
-        self._originals = {name: getattr(Actor, name) for name in ("_drain", "_pump")}
-        for name, original in self._originals.items():
-            setattr(Actor, name, self._timed(original))
+        original = Actor.__init__
+        timed = self._timed
+
+        def init(actor: Any, handlers: Any) -> None:
+            original(
+                actor,
+                {
+                    kind: Handler(timed(h.handle), h.undo, h.gives_back, h.waits)
+                    for kind, h in handlers.items()
+                },
+            )
+
+        self._original = original
+        Actor.__init__ = init  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         from kvpool.actors.core import Actor
 
-        for name, original in self._originals.items():
-            setattr(Actor, name, original)
+        Actor.__init__ = self._original  # type: ignore[method-assign]
 
-    def _timed(self, original: Callable[[Any], None]) -> Callable[[Any], None]:
-        def turn(actor: Any) -> None:
+    def _timed(self, handle: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def timed_handle(message: Any) -> Any:
             start = time.perf_counter()
             try:
-                original(actor)
+                return handle(message)
             finally:
                 self.seconds += time.perf_counter() - start
 
-        return turn
+        return timed_handle
 
 
 def run_once(
@@ -122,14 +133,6 @@ def profile_shares(requests: list[RequestSpec], workers: int, factory: KvFactory
     grand = sum(totals.values())
     for name, seconds in totals.items():
         print(f"    {name:28s} {100 * seconds / grand:5.1f}%")
-    # the actor's own turns (handlers with the manager and pool inside): cumulative time
-    turns = sum(
-        row[3]
-        for (filename, _, function), row in stats.stats.items()  # type: ignore[attr-defined]
-        if "/kvpool/actors/" in filename and function in ("_drain", "_pump")
-    )
-    if turns:
-        print(f"    {'(inside actor turns, cum.)':28s} {100 * turns / grand:5.1f}%")
 
 
 def main() -> None:
