@@ -133,13 +133,8 @@ class BlockPool:
 
     def prefix_hit(self, block_hash: object) -> PrefixHit | None:
         """Whether ``block_hash`` is resident, and whether its first copy is in use."""
-        try:
-            copy = self._by_hash.get(block_hash)
-        except TypeError:  # unhashable
-            _bad_hash(block_hash)
-        if copy is None or type(block_hash) is not int:
-            if not _is_hash(block_hash):  # a resident hash was range-checked already
-                _bad_hash(block_hash)
+        copy = self._resident(block_hash)
+        if copy is None:
             return None
         return ACTIVE_HIT if copy.holds else INACTIVE_HIT
 
@@ -155,18 +150,12 @@ class BlockPool:
             limit = len(hashes)
         elif type(limit) is not int or limit < 0:
             raise InvalidArgumentError(f"limit must be an int >= 0 or None, got {limit!r}")
-        by_hash = self._by_hash
         hits = active = 0
         for block_hash in hashes:
             if hits >= limit:
                 break
-            try:
-                copy = by_hash.get(block_hash)
-            except TypeError:  # unhashable
-                _bad_hash(block_hash)
-            if copy is None or type(block_hash) is not int:
-                if not _is_hash(block_hash):
-                    _bad_hash(block_hash)
+            copy = self._resident(block_hash)
+            if copy is None:
                 break
             hits += 1
             if copy.holds:
@@ -197,16 +186,10 @@ class BlockPool:
         if type(fresh) is not int or fresh < 0:
             raise InvalidArgumentError(f"fresh must be an int >= 0, got {fresh!r}")
         hashes = prefix if type(prefix) is list else _as_list(prefix)
-        by_hash = self._by_hash
         hits: list[Copy] = []
         for block_hash in hashes:
-            try:
-                copy = by_hash.get(block_hash)
-            except TypeError:  # unhashable
-                _bad_hash(block_hash)
-            if copy is None or type(block_hash) is not int:
-                if not _is_hash(block_hash):
-                    _bad_hash(block_hash)
+            copy = self._resident(block_hash)
+            if copy is None:
                 raise PrefixNotResidentError(
                     f"prefix hash {block_hash} is not resident; look a prefix up with "
                     "prefix_hit in the same turn as its reserve"
@@ -382,6 +365,19 @@ class BlockPool:
             reservation._fresh = 0
 
     # -------------------------------------------------------------- internals
+
+    def _resident(self, block_hash: object) -> Copy | None:
+        """The first copy of a resident hash, None for a valid absent one; a malformed
+        hash raises `InvalidHashError` (a resident hash was range-checked when cached)."""
+        try:
+            copy = self._by_hash.get(block_hash)
+        except TypeError:  # unhashable
+            _bad_hash(block_hash)
+        if copy is None or type(block_hash) is not int:
+            if not _is_hash(block_hash):
+                _bad_hash(block_hash)
+            return None
+        return copy
 
     def _live(self, block_id: object) -> Copy:
         """The live copy ``block_id`` names, or `UnknownBlockError`."""
