@@ -8,8 +8,10 @@ The inactive LRU is intrusive and circular around a sentinel: ``sentinel.next`` 
 head (evicted first), ``sentinel.prev`` the tail (released last).
 
 Every public method validates all of its arguments before it changes anything, so a
-`PoolError` leaves the pool exactly as it was. The hot paths are written out inline;
-``check_invariants`` re-derives everything from scratch to catch any slip.
+`PoolError` leaves the pool exactly as it was: ``_resident`` and ``_live`` check a hash
+or an id, ``_cache`` and ``_release`` then act on a copy already checked (the batch
+calls check every item before acting on any). ``check_invariants`` re-derives everything
+from scratch to catch any slip.
 
 This module is compiled with mypyc when the package is built (see setup.py), which
 makes each call 2-3x cheaper; the same source runs interpreted when it is not. A
