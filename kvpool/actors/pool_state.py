@@ -8,22 +8,18 @@ can give the reservation back exactly what the call took.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypeGuard
 
 from kvpool.actors.core import WAIT, Handler, Wait
 from kvpool.errors import (
-    CapacityError,
     ForeignReservationError,
     InvalidArgumentError,
-    InvalidHashError,
     InvariantViolation,
     ReservationClosedError,
 )
 from kvpool.messages import (
     ActivatePrefix,
-    Admission,
     Admit,
     AdmitReply,
     AllocateCached,
@@ -48,7 +44,7 @@ from kvpool.messages import (
     ReserveReply,
     StatsReply,
 )
-from kvpool.pool import MAX_HASH, BlockPool, PrefixHit, Reservation
+from kvpool.pool import BlockPool, PrefixHit, Reservation
 
 _DONE = DoneReply()
 _MISS = PrefixHitReply(None)
@@ -224,36 +220,17 @@ class PoolState:
 
     def admit(self, message: Admit) -> AdmitReply | Wait:
         chain = message.chain
-        extra = message.extra
-        pool = self.pool
         if not is_sequence(chain):
             raise InvalidArgumentError(f"chain must be a sequence of ints, got {chain!r}")
-        # The pool checks every hash up to the first miss, the miss included; only the
-        # rest of the chain needs checking here.
-        hits, active = pool.match_prefix(chain)
-        _check_hashes(chain[hits + 1 :])
-        if type(extra) is not int or extra < 0:
-            raise InvalidArgumentError(f"extra must be an int >= 0, got {extra!r}")
-        if len(chain) + extra > pool.capacity:
-            raise CapacityError(
-                f"a chain of {len(chain)} blocks plus {extra} extra can never fit "
-                f"in a pool of {pool.capacity}"
-            )
-        prefix = chain[:hits] if hits < len(chain) else chain
-        outcome = pool.reserve(prefix, len(chain) - hits + extra)
-        if outcome is None:
+        admission = self.pool.admit(chain, message.extra)
+        if admission is None:
             if message.wait:
                 return WAIT  # retried from the FIFO; counted once it is granted
             self.reserve_failures += 1
             return _NOT_ADMITTED
-        self.record_reserve(outcome.removed)
+        self.record_reserve(admission.removed)
         self.admissions += 1
-        reservation = outcome.reservation
-        blocks: list[int] = pool.activate_prefix(reservation)  # type: ignore[assignment]
-        allocate = pool.allocate_private
-        blocks += [allocate(reservation) for _ in range(reservation.fresh)]
-        pool.cancel(reservation)  # empty now: closing it returns nothing
-        return AdmitReply(Admission(blocks, hits, active, outcome.removed))
+        return AdmitReply(admission)
 
     def undo_admit(self, message: Admit, reply: AdmitReply) -> None:
         if reply.admission is not None:
@@ -317,23 +294,6 @@ def is_sequence(value: object) -> TypeGuard[Sequence[Any]]:
     if kind is list or kind is tuple:
         return True
     return isinstance(value, Sequence) and not isinstance(value, str | bytes)
-
-
-def _check_hashes(hashes: Sequence[Any]) -> None:
-    """InvalidHashError unless every item is an int in [0, 2**64) (C-level passes first:
-    exact ints, then an unsigned 64-bit array refuses any out of range)."""
-    if not hashes:
-        return
-    if set(map(type, hashes)) == {int}:
-        try:
-            array("Q", hashes)
-        except OverflowError:
-            pass
-        else:
-            return
-    for block_hash in hashes:
-        if type(block_hash) is not int or not 0 <= block_hash <= MAX_HASH:
-            raise InvalidHashError(f"block hash must be an int in [0, 2**64), got {block_hash!r}")
 
 
 def extension_handlers(

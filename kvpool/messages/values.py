@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
+from kvpool.pool import Admission
 
-class Admission(msgspec.Struct, frozen=True, gc=False):
-    """One admitted chain: the caller now owns one reference to every block in ``blocks``.
-
-    ``blocks`` lists the ids in chain order, then the ``extra`` ones; the first ``cached``
-    are the chain's resident prefix (``active_cached`` of them were already in use), the
-    rest are fresh private copies. ``removed`` lists the hashes whose last copy was evicted
-    to make room, in eviction order.
-    """
-
-    blocks: list[int]
-    cached: int
-    active_cached: int
-    removed: list[int]
+__all__ = ["Admission", "PoolStats"]
 
 
 class PoolStats(msgspec.Struct, frozen=True, gc=False):

@@ -2,11 +2,26 @@
 
 from typing import TYPE_CHECKING
 
-from kvpool.pool.types import MAX_HASH, BlockId, PrefixHit, Reservation, ReserveOutcome
+from kvpool.pool.types import (
+    MAX_HASH,
+    Admission,
+    BlockId,
+    PrefixHit,
+    Reservation,
+    ReserveOutcome,
+)
 
 if TYPE_CHECKING:
     from kvpool.pool._api import BlockPool
 else:
     from kvpool.pool.block_pool import BlockPool
 
-__all__ = ["MAX_HASH", "BlockId", "BlockPool", "PrefixHit", "Reservation", "ReserveOutcome"]
+__all__ = [
+    "MAX_HASH",
+    "Admission",
+    "BlockId",
+    "BlockPool",
+    "PrefixHit",
+    "Reservation",
+    "ReserveOutcome",
+]

@@ -29,6 +29,7 @@ from typing import Final, NoReturn, cast
 from kvpool.errors import (
     AlreadyCachedError,
     BlockNotReferencedError,
+    CapacityError,
     ForeignReservationError,
     InvalidArgumentError,
     InvalidHashError,
@@ -44,6 +45,7 @@ from kvpool.pool.types import (
     ACTIVE_HIT,
     INACTIVE_HIT,
     MAX_HASH,
+    Admission,
     BlockId,
     PrefixHit,
     Reservation,
@@ -198,34 +200,55 @@ class BlockPool:
                 )
             hits.append(copy)
 
-        needed = fresh - self._capacity + self._num_copies + self._reserved
-        if needed > 0:
-            evictable = self._num_inactive
-            if needed > evictable - len(hits):
-                # Inactive prefix copies get pinned first, so they are not evictable.
-                evictable -= len({id(copy) for copy in hits if not copy.holds})
-                if needed > evictable:
-                    return None
-
-        unlinked = 0
-        for copy in hits:
-            holds = copy.holds
-            if not holds:
-                # Leave the LRU before the pin: membership follows refs and pins.
-                prev = cast(Copy, copy.prev)  # linked: holds == 0
-                nxt = cast(Copy, copy.next)
-                prev.next = nxt
-                nxt.prev = prev
-                copy.prev = copy.next = None
-                unlinked += 1
-            copy.holds = holds + PIN
-        self._num_inactive -= unlinked
-
-        removed: list[object] = []
-        if needed > 0:
-            self._evict(needed, removed)
-        self._reserved += fresh
+        removed = self._pin_and_reserve(hits, fresh)
+        if removed is None:
+            return None
         return ReserveOutcome(Reservation(self, hits, fresh), cast("list[int]", removed))
+
+    def admit(self, chain: object, extra: object = 0) -> Admission | None:
+        """One request's blocks in one call: reference the longest resident prefix of
+        ``chain`` (up to the first miss) and allocate private copies for the rest of the
+        chain plus ``extra`` more.
+
+        The same as `match_prefix`, `reserve` of the hits plus the rest, `activate_prefix`,
+        `allocate_private` for every fresh unit and `cancel`, without the reservation in
+        between. Returns None, changing nothing, when it does not fit; raises
+        `InvalidHashError` for any malformed hash in ``chain`` and `CapacityError` for a
+        chain that could not fit even in an empty pool.
+        """
+        hashes = chain if type(chain) is list else _as_list(chain, "chain")
+        size = len(hashes)
+        hits: list[Copy] = []
+        active = 0
+        for block_hash in hashes:
+            copy = self._resident(block_hash)
+            if copy is None:
+                break
+            hits.append(copy)
+            if copy.holds:
+                active += 1
+        # _resident checked the hashes up to the first miss, the miss included.
+        for index in range(len(hits) + 1, size):
+            if not _is_hash(hashes[index]):
+                _bad_hash(hashes[index])
+        if type(extra) is not int or extra < 0:
+            raise InvalidArgumentError(f"extra must be an int >= 0, got {extra!r}")
+        if size + extra > self._capacity:
+            raise CapacityError(
+                f"a chain of {size} blocks plus {extra} extra can never fit "
+                f"in a pool of {self._capacity}"
+            )
+        fresh = size - len(hits) + extra
+        removed = self._pin_and_reserve(hits, fresh)
+        if removed is None:
+            return None
+        ids: list[int] = []
+        for copy in hits:
+            copy.holds += _PIN_TO_REF
+            ids.append(copy.id)
+        self._refs += len(hits)
+        ids += [self._new_copy(None).id for _ in range(fresh)]
+        return Admission(ids, len(hits), active, cast("list[int]", removed))
 
     def activate_prefix(self, reservation: object) -> list[BlockId]:
         """Turn the reservation's prefix pins into request references, root first."""
@@ -380,6 +403,39 @@ class BlockPool:
                 _bad_hash(block_hash)
             return None
         return copy
+
+    def _pin_and_reserve(self, hits: list[Copy], fresh: int) -> list[object] | None:
+        """Pin the validated prefix ``hits`` and reserve ``fresh`` units, evicting from
+        the LRU head as needed; the removed hashes, or None (nothing changed) if even
+        evicting every unpinned inactive copy would not make room."""
+        needed = fresh - self._capacity + self._num_copies + self._reserved
+        if needed > 0:
+            evictable = self._num_inactive
+            if needed > evictable - len(hits):
+                # Inactive prefix copies get pinned first, so they are not evictable.
+                evictable -= len({id(copy) for copy in hits if not copy.holds})
+                if needed > evictable:
+                    return None
+
+        unlinked = 0
+        for copy in hits:
+            holds = copy.holds
+            if not holds:
+                # Leave the LRU before the pin: membership follows refs and pins.
+                prev = cast(Copy, copy.prev)  # linked: holds == 0
+                nxt = cast(Copy, copy.next)
+                prev.next = nxt
+                nxt.prev = prev
+                copy.prev = copy.next = None
+                unlinked += 1
+            copy.holds = holds + PIN
+        self._num_inactive -= unlinked
+
+        removed: list[object] = []
+        if needed > 0:
+            self._evict(needed, removed)
+        self._reserved += fresh
+        return removed
 
     def _live(self, block_id: object) -> Copy:
         """The live copy ``block_id`` names, or `UnknownBlockError`."""
@@ -630,11 +686,11 @@ def _exhausted(reservation: Reservation) -> NoReturn:
     raise ReservationExhaustedError(f"{reservation!r} has no fresh capacity left to allocate")
 
 
-def _as_list(prefix: object) -> list[object]:
-    """A prefix given as any sequence but a list (the fast path), or a caller mistake."""
-    if isinstance(prefix, str | bytes | bytearray) or not isinstance(prefix, Iterable):
-        raise InvalidArgumentError(f"prefix must be a sequence of ints, got {prefix!r}")
-    return list(prefix)
+def _as_list(items: object, name: str = "prefix") -> list[object]:
+    """Items given as any sequence but a list (the fast path), or a caller mistake."""
+    if isinstance(items, str | bytes | bytearray) or not isinstance(items, Iterable):
+        raise InvalidArgumentError(f"{name} must be a sequence of ints, got {items!r}")
+    return list(items)
 
 
 def _is_hash(value: object) -> bool:
