@@ -14,8 +14,9 @@ Cancellation contract (holds at every point: queued, being handled, replied but 
 - Calls that hand ownership to the caller (reserve, activate_prefix, allocate_*, admit)
   are all or nothing: the caller gets the result, or the actor skips the request (still
   queued) or undoes it (a later turn gives the ownership back). A caller of an idle
-  actor takes the turn itself and then passes a checkpoint; cancelled there, it leaves
-  its reply unread, which is undone the same way (`kvpool.actors.loops`). Undoing gives
+  actor takes the turn itself, and every ``yield_every``-th such turn then yields to
+  the loop; cancelled there, it leaves its reply unread, which is undone the same way
+  (`kvpool.actors.loops`). Undoing gives
   back what the call took: a reservation is cancelled, blocks are released leaf first,
   an activated prefix is pinned again and a spent unit returns to its reservation (for
   ``allocate_cached`` only if a unit can be freed: the copy itself stays cached, idle).
@@ -31,6 +32,13 @@ Cancellation contract (holds at every point: queued, being handled, replied but 
   handler) fails every pending and later call, in any task, with PoolCrashed (cause
   attached) and makes ``open_pool`` raise PoolCrashed; it never raises an exception
   group of its own (`kvpool.actors.hosting`).
+
+Scheduling: a posted call always yields (it waits for the actor). A caller of an idle
+actor runs its turn synchronously and yields only once every ``yield_every`` such turns
+(default `YIELD_EVERY` = 32, a cooperative budget as in tokio): a task calling the pool
+in a loop still lets others run, without paying a task switch per call. On trio every
+call is a cancel point (``checkpoint_if_cancelled``); on asyncio a cancellation lands at
+the next yield. ``open_pool(capacity, yield_every=1)`` makes every call a checkpoint.
 
 Extension API (for layers below, e.g. the request manager): plug your own state and
 message kinds into the same actor, so your requests are atomic with the pool's::
@@ -73,12 +81,13 @@ state, without a pool.
 """
 
 from kvpool.actors.client import ActorReservation, ActorReserveOutcome, Lease, PoolClient
-from kvpool.actors.core import WAIT, Actor, Handler, Status, Wait
+from kvpool.actors.core import WAIT, YIELD_EVERY, Actor, Handler, Status, Wait
 from kvpool.actors.hosting import Extension, open_actor, open_pool
 from kvpool.actors.pool_state import PoolState
 
 __all__ = [
     "WAIT",
+    "YIELD_EVERY",
     "Actor",
     "ActorReservation",
     "ActorReserveOutcome",

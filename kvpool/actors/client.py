@@ -1,6 +1,7 @@
 """The async client of the pool actor: one method per message, plus lease and reservation.
 
-Every method returns an awaitable (a coroutine) that is a checkpoint: it always yields.
+Every method returns an awaitable (a coroutine) that makes one actor call (see
+`kvpool.actors` for when a call yields to the event loop).
 Awaited, it returns what the `BlockPool` method of the same name returns and raises the
 same `PoolError` classes, plus `PoolClosed` after the pool shut down and `PoolCrashed`
 after the actor died of a bug. Nothing is sent before the awaitable is awaited.
@@ -345,7 +346,7 @@ class PoolClient:
 
 
 async def _refuse_foreign(reservation: object) -> NoReturn:
-    """Raise ForeignReservationError after a checkpoint: every client call yields."""
+    """Raise ForeignReservationError after a checkpoint (a refused call always yields)."""
     await anyio.lowlevel.checkpoint()
     if isinstance(reservation, ActorReservation):
         raise ForeignReservationError(f"{reservation!r} belongs to another pool")

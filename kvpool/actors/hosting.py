@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 import anyio
 
 from kvpool.actors.client import PoolClient
-from kvpool.actors.core import Actor, Handler, Status
+from kvpool.actors.core import YIELD_EVERY, Actor, Handler, Status
 from kvpool.actors.loops import new_actor
 from kvpool.actors.pool_state import PoolState, extension_handlers
 from kvpool.pool import BlockPool
@@ -27,29 +27,34 @@ Extension: TypeAlias = Callable[[PoolState], Mapping[type[Any], Handler[Any, Any
 
 @asynccontextmanager
 async def open_pool(
-    capacity: int, *, extensions: Sequence[Extension] = ()
+    capacity: int, *, extensions: Sequence[Extension] = (), yield_every: int = YIELD_EVERY
 ) -> AsyncIterator[PoolClient]:
     """Start a pool actor owning ``BlockPool(capacity)``; yield its client.
 
     ``extensions`` plug extra message kinds into the same actor (see `kvpool.actors`).
-    Raises InvalidArgumentError for a bad capacity or a message kind registered twice.
+    ``yield_every``: a caller of the idle actor yields to the event loop once every this
+    many calls (a cooperative budget, `YIELD_EVERY`); 1 makes every call a schedule point.
+    Raises InvalidArgumentError for a bad capacity, a bad ``yield_every`` or a message
+    kind registered twice.
     Leaving the block handles everything already queued, then fails every waiter and
     every later call with `PoolClosed`. See the module docstring for exceptions.
     """
     actor: Actor | None = None
     state = PoolState(BlockPool(capacity), lambda: actor.num_waiters if actor else 0)
-    actor = new_actor(extension_handlers(state, extensions))
+    actor = new_actor(extension_handlers(state, extensions), yield_every=yield_every)
     async with _hosted(actor):
         yield PoolClient(actor, capacity)
 
 
 @asynccontextmanager
-async def open_actor(handlers: Mapping[type[Any], Handler[Any, Any]]) -> AsyncIterator[Actor]:
+async def open_actor(
+    handlers: Mapping[type[Any], Handler[Any, Any]], *, yield_every: int = YIELD_EVERY
+) -> AsyncIterator[Actor]:
     """Start a bare actor over ``handlers`` (any state, no pool); yield it (`Actor.call`).
 
-    Same life cycle and exception rules as `open_pool`.
+    Same life cycle, ``yield_every`` and exception rules as `open_pool`.
     """
-    actor = new_actor(handlers)
+    actor = new_actor(handlers, yield_every=yield_every)
     async with _hosted(actor):
         yield actor
 

@@ -3,12 +3,13 @@
 A call takes one of two paths. While the actor sleeps on an empty mailbox with nobody
 waiting, the calling task takes the actor's turn itself (a *direct turn*): it runs the
 handler synchronously, exactly as the actor would (handlers never await and the loop
-runs one task at a time), then passes a checkpoint. A caller cancelled at that
-checkpoint leaves its reply unread, and the actor undoes it as for a posted call.
-Otherwise the call is *posted*: it joins the mailbox, wakes the actor and waits on a
-reply slot. Either way each call is one atomic turn, turns keep the order in which
-they were taken, and every call is a checkpoint. A direct turn needs no slot, no
-wake-up and no second task switch: about half the instructions of a posted call.
+runs one task at a time). Every ``yield_every``-th direct turn then yields to the loop
+(a cooperative budget, `kvpool.actors.core.YIELD_EVERY`); on trio every direct turn is
+also a cancel point. A caller cancelled there leaves its reply unread, and the actor
+undoes it as for a posted call. Otherwise the call is *posted*: it joins the mailbox,
+wakes the actor and waits on a reply slot. Either way each call is one atomic turn and
+turns keep the order in which they were taken. A direct turn needs no slot and no
+wake-up, and most need no task switch, which costs several times the turn itself.
 
 A reply slot is what a posted caller waits on. On asyncio (and uvloop) the slot *is* a
 loop future, the cheapest awaitable there; on trio it is a small record whose reply
@@ -25,7 +26,15 @@ from typing import Any
 
 import sniffio
 
-from kvpool.actors.core import UNDO_HANDLER, WAIT, Actor, Handler, Status, _Undo
+from kvpool.actors.core import (
+    UNDO_HANDLER,
+    WAIT,
+    YIELD_EVERY,
+    Actor,
+    Handler,
+    Status,
+    _Undo,
+)
 from kvpool.errors import InvalidArgumentError
 
 _OPEN = Status.OPEN
@@ -36,8 +45,10 @@ class AsyncioActor(Actor):
 
     __slots__ = ("_new_future", "_sleeper")
 
-    def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]]) -> None:
-        super().__init__(handlers)
+    def __init__(
+        self, handlers: Mapping[type[Any], Handler[Any, Any]], *, yield_every: int = YIELD_EVERY
+    ) -> None:
+        super().__init__(handlers, yield_every=yield_every)
         self._new_future = asyncio.get_running_loop().create_future
         self._sleeper: asyncio.Future[None] | None = None
 
@@ -52,24 +63,28 @@ class AsyncioActor(Actor):
             return (yield from self._refuse(message).__await__())
         if self._sleeper is None or self._queue or self._waiters or not self.direct_turns:
             return (yield from self._post(message, handler, unwrap).__await__())
-        # A direct turn, then the checkpoint every call is.
+        # A direct turn; a schedule point only when it spends the last of the budget.
+        budget = self._budget - 1
+        self._budget = budget or self._yield_every
         try:
             reply = handler.handle(message)
         except BaseException as exc:
             error = self._turn_failed(exc)
-            yield
+            if not budget:
+                yield
             raise error  # noqa: B904 (the handler's own error, or PoolCrashed with cause)
         if reply is WAIT:
             slot = self._new_future()
             self._waiters.append((message, slot, handler))
             return (yield from self._reply(message, slot, handler, unwrap).__await__())
-        try:
-            yield
-        except BaseException:
-            # Cancelled with the reply unread: give back what the turn handed out.
-            if handler.undo is not None:
-                self.give_back(message, reply, handler.undo)
-            raise
+        if not budget:
+            try:
+                yield
+            except BaseException:
+                # Cancelled with the reply unread: give back what the turn handed out.
+                if handler.undo is not None:
+                    self.give_back(message, reply, handler.undo)
+                raise
         return reply if unwrap is None else unwrap(reply)
 
     async def _post(
@@ -173,6 +188,7 @@ _reschedule: Any = None
 _current_task: Any = None
 _wait_task_rescheduled: Any = None
 _checkpoint: Any = None
+_checkpoint_if_cancelled: Any = None
 _Value: Any = None
 _Error: Any = None
 _SUCCEEDED: Any = None
@@ -180,6 +196,7 @@ _SUCCEEDED: Any = None
 
 def _bind_trio() -> None:
     global _reschedule, _current_task, _wait_task_rescheduled, _checkpoint
+    global _checkpoint_if_cancelled
     global _Value, _Error, _SUCCEEDED
     if _reschedule is None:
         import outcome
@@ -189,6 +206,7 @@ def _bind_trio() -> None:
         _current_task = trio.lowlevel.current_task
         _wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
         _checkpoint = trio.lowlevel.checkpoint
+        _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
         _Value = outcome.Value
         _Error = outcome.Error
         _SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
@@ -205,8 +223,10 @@ class TrioActor(Actor):
 
     __slots__ = ("_sleeper",)
 
-    def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]]) -> None:
-        super().__init__(handlers)
+    def __init__(
+        self, handlers: Mapping[type[Any], Handler[Any, Any]], *, yield_every: int = YIELD_EVERY
+    ) -> None:
+        super().__init__(handlers, yield_every=yield_every)
         _bind_trio()
         self._sleeper: Any = None
 
@@ -216,19 +236,22 @@ class TrioActor(Actor):
             return await self._refuse(message)
         if self._sleeper is None or self._queue or self._waiters or not self.direct_turns:
             return await self._post(message, unwrap)
-        # A direct turn, then the checkpoint every call is.
+        # A direct turn; a schedule point only when it spends the last of the budget,
+        # and a cancel point after every turn (as trio's own calls are).
+        budget = self._budget - 1
+        self._budget = budget or self._yield_every
         try:
             reply = handler.handle(message)
         except BaseException as exc:
             error = self._turn_failed(exc)
-            await _checkpoint()
+            await (_checkpoint() if not budget else _checkpoint_if_cancelled())
             raise error  # noqa: B904 (the handler's own error, or PoolCrashed with cause)
         if reply is WAIT:
             slot = _TrioSlot(_current_task())
             self._waiters.append((message, slot, handler))
             return await self._reply(slot, unwrap)
         try:
-            await _checkpoint()
+            await (_checkpoint() if not budget else _checkpoint_if_cancelled())
         except BaseException:
             # Cancelled with the reply unread: give back what the turn handed out.
             if handler.undo is not None:
@@ -273,14 +296,17 @@ class TrioActor(Actor):
         await _wait_task_rescheduled(abort)
 
 
-def new_actor(handlers: Mapping[type[Any], Handler[Any, Any]]) -> Actor:
-    """An actor for the running event loop (asyncio, uvloop or trio) over ``handlers``."""
+def new_actor(
+    handlers: Mapping[type[Any], Handler[Any, Any]], *, yield_every: int = YIELD_EVERY
+) -> Actor:
+    """An actor for the running event loop (asyncio, uvloop or trio) over ``handlers``;
+    ``yield_every`` is its direct turns' cooperative budget (`YIELD_EVERY`)."""
     if _Undo in handlers:
         raise InvalidArgumentError("the undo entry type is reserved")
     table: dict[type[Any], Handler[Any, Any]] = {_Undo: UNDO_HANDLER, **handlers}
     library = sniffio.current_async_library()
     if library == "trio":
-        return TrioActor(table)
+        return TrioActor(table, yield_every=yield_every)
     if library == "asyncio":
-        return AsyncioActor(table)
+        return AsyncioActor(table, yield_every=yield_every)
     raise RuntimeError(f"kvpool's actor runs on asyncio or trio, not {library!r}")

@@ -87,7 +87,7 @@ def _step_extension(slot: _ManagerSlot) -> Any:
 class ActorKvClient:
     """`KvClient` over a pool actor: the `ManagerClient`'s calls, plus `finish_step`.
 
-    Every method is one actor round trip (a checkpoint). Cancellation is the
+    Every method is one actor call (see `kvpool.actors`). Cancellation is the
     `ManagerClient`'s contract; `finish_step` runs anyway once posted (it returns blocks)
     and, if its reply is never read, puts the drained events back.
     """

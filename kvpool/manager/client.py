@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
-from kvpool.actors import Extension, PoolClient, open_pool
+from kvpool.actors import YIELD_EVERY, Extension, PoolClient, open_pool
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.handlers import manager_extension
 from kvpool.manager.kv_manager import KvManager
@@ -51,7 +51,7 @@ _CHECK = CheckManager()
 class ManagerClient:
     """The handle `open_manager` yields; usable from any task on the same event loop.
 
-    Every method is one actor round trip (always a checkpoint) and raises what the
+    Every method is one actor call (see `kvpool.actors`) and raises what the
     `KvManager` method of the same name raises (a `kvpool.errors.PoolError`, nothing
     changed), or `PoolClosed` / `PoolCrashed` once the actor is gone.
 
@@ -186,15 +186,17 @@ async def open_manager(
     medium: str | None = "GPU",
     extensions: Sequence[Extension] = (),
     on_create: Callable[[KvManager], None] | None = None,
+    yield_every: int = YIELD_EVERY,
 ) -> AsyncIterator[ManagerClient]:
     """Start a pool actor owning ``BlockPool(capacity)`` and a `KvManager` over it;
     yield its `ManagerClient` (``.pool`` is the pool-level client of the same actor).
 
     ``extensions`` add further message kinds to the same actor; ``on_create`` receives
     the manager when the actor builds it (to inspect it; drive it only through the
-    client). Raises `InvalidArgumentError` for a bad argument. Leaving the block handles
-    everything queued, then fails waiters and later calls with `PoolClosed`; an actor
-    crash makes the block raise `PoolCrashed` (never an exception group).
+    client); ``yield_every`` is as for `open_pool`. Raises `InvalidArgumentError` for a
+    bad argument. Leaving the block handles everything queued, then fails waiters and
+    later calls with `PoolClosed`; an actor crash makes the block raise `PoolCrashed`
+    (never an exception group).
     """
     extension = manager_extension(
         block_size,
@@ -202,7 +204,9 @@ async def open_manager(
         medium=medium,
         on_create=on_create,
     )
-    async with open_pool(capacity, extensions=[extension, *extensions]) as pool:
+    async with open_pool(
+        capacity, extensions=[extension, *extensions], yield_every=yield_every
+    ) as pool:
         yield ManagerClient(pool, block_size)
 
 
