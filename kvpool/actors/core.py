@@ -130,14 +130,15 @@ class Actor:
     __slots__ = (
         "_budget",
         "_cause",
+        "_direct_turns",
         "_dirty",
         "_handlers",
+        "_idle",
         "_on_crash",
         "_queue",
         "_status",
         "_waiters",
         "_yield_every",
-        "direct_turns",
     )
 
     def __init__(
@@ -152,9 +153,11 @@ class Actor:
         self._status = Status.OPEN
         self._cause: BaseException | None = None
         self._on_crash: Callable[[], None] | None = None
-        self.direct_turns = True
-        """Whether callers of an idle actor take its turn themselves (the default) or
-        always post to the mailbox (for tests and benchmarks of the mailbox path)."""
+        self._direct_turns = True
+        # True only while the actor sleeps on an empty mailbox with nobody waiting and
+        # direct turns are on: a caller may then take the turn itself. Set when the
+        # actor parks; cleared by anything that wakes it, queues a waiter or ends it.
+        self._idle = False
         self._yield_every = yield_every
         self._budget = yield_every  # direct turns left before the next schedule point
 
@@ -179,6 +182,17 @@ class Actor:
     def num_waiters(self) -> int:
         """Requests parked in the FIFO (including ones whose caller just left)."""
         return len(self._waiters)
+
+    @property
+    def direct_turns(self) -> bool:
+        """Whether callers of an idle actor take its turn themselves (the default) or
+        always post to the mailbox (for tests and benchmarks of the mailbox path)."""
+        return self._direct_turns
+
+    @direct_turns.setter
+    def direct_turns(self, value: bool) -> None:
+        self._direct_turns = value
+        self._idle = self._idle and value
 
     @property
     def yield_every(self) -> int:
@@ -268,6 +282,7 @@ class Actor:
         if self._status is not Status.OPEN:
             return
         self._status = Status.CLOSED
+        self._idle = False
         waiters = self._waiters
         while waiters:
             _message, slot, _handler = waiters.popleft()
@@ -413,6 +428,7 @@ class Actor:
     def _crash(self, cause: BaseException, slot: ReplySlot | None) -> None:
         """Fail the current call, everything queued and every waiter with PoolCrashed."""
         self._status = Status.CRASHED
+        self._idle = False
         self._cause = cause
         slots: list[ReplySlot] = [] if slot is None else [slot]
         slots.extend(s for _m, s in self._queue if s is not None)

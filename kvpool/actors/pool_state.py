@@ -73,6 +73,17 @@ class PoolState:
     statistics honest when they reserve on their own.
     """
 
+    __slots__ = (
+        "_count_waiters",
+        "_held",
+        "_next_handle",
+        "admissions",
+        "evictions",
+        "pool",
+        "reserve_failures",
+        "reserves",
+    )
+
     def __init__(self, pool: BlockPool, count_waiters: Callable[[], int]) -> None:
         self.pool = pool
         self._count_waiters = count_waiters
