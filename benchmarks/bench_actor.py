@@ -8,16 +8,21 @@ Run:  python benchmarks/bench_actor.py            (about 40 s)
    asyncio+uvloop and trio. CPU time, not wall time, because the machine is shared
    (the loop never idles, so the two agree on a quiet machine); best of a few repeats.
    The first columns are the default: a caller of an idle actor takes the turn itself
-   (a direct turn: the handler, then one checkpoint). "mailbox only" turns direct
-   turns off, so every call is posted to the actor and answered through a reply slot.
-   The "floor" columns run that mailbox round trip with no actor at all (a server task
-   answering loop futures, or rescheduling parked trio tasks): the loop's own cost of a
-   posted call. A direct turn's own floor is one checkpoint of the loop.
+   (a direct turn) and yields to the loop once every 32 such turns (the cooperative
+   budget, ``yield_every``); on trio each also passes a cancel point. "yield every
+   call" sets ``yield_every=1``: each direct turn is followed by a task switch.
+   "mailbox only" turns direct turns off, so every call is posted to the actor and
+   answered through a reply slot. The "floor" columns run that posted round trip with
+   no actor at all (a server task answering loop futures, or rescheduling parked trio
+   tasks): the loop's own cost of a posted call. The clock starts once every client
+   task is running, so task start-up is not counted.
 2. Workload: cycles of ``admit`` (32-block chain, shared prefixes) + ``cache_many`` of
    the fresh blocks + ``free``, through the actor with C concurrent clients, against
    the same cycles driven straight on a bare `BlockPool` in the same process (ratio =
-   actor throughput / bare throughput; target >= 0.7). "handlers, no loop" calls the
-   actor's handlers directly: the price of the protocol without any messaging.
+   actor throughput / bare throughput; target >= 0.7). The bare pool runs them with
+   its fastest calls (``admit``, ``cache_many``, ``release_many``) and, second, with
+   its per-block calls. "handlers, no loop" calls the actor's handlers directly: the
+   price of the protocol without any messaging.
 """
 
 from __future__ import annotations
@@ -30,13 +35,13 @@ import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import sniffio
 
-from kvpool.actors import PoolClient, PoolState, open_pool
+from kvpool.actors import YIELD_EVERY, PoolClient, PoolState, open_pool
 from kvpool.messages import Admit, CacheMany, Free
 from kvpool.pool import BlockPool
 
@@ -57,11 +62,13 @@ def backends() -> list[tuple[str, str, dict[str, Any]]]:
     return found
 
 
-async def round_trips(clients: int, total_calls: int, direct: bool = True) -> float:
+async def round_trips(
+    clients: int, total_calls: int, yield_every: int = YIELD_EVERY, direct: bool = True
+) -> float:
     """Microseconds per round trip with ``clients`` tasks sharing ``total_calls`` calls;
     ``direct=False`` makes every call go through the mailbox (no direct turns)."""
     per_client = max(total_calls // clients, 1)
-    async with open_pool(64) as pool:
+    async with open_pool(64, yield_every=yield_every) as pool:
         pool._actor.direct_turns = direct
 
         async def client() -> None:
@@ -69,12 +76,30 @@ async def round_trips(clients: int, total_calls: int, direct: bool = True) -> fl
             for _ in range(per_client):
                 await hit(7)
 
-        started = time.process_time()
-        async with anyio.create_task_group() as tg:
-            for _ in range(clients):
-                tg.start_soon(client)
-        elapsed = time.process_time() - started
-    return elapsed / (per_client * clients) * 1e6
+        return await _timed_clients(clients, client) / (per_client * clients) * 1e6
+
+
+async def _timed_clients(clients: int, client: Callable[[], Awaitable[None]]) -> float:
+    """CPU seconds for ``clients`` tasks running ``client`` to completion, counted from
+    the moment all of them are running: the calls, not the tasks' start-up (starting an
+    anyio task costs 30-40 us here, which would swamp 1,000 clients' 20 calls each)."""
+    go = anyio.Event()
+    started = 0
+
+    async def wait_then_run() -> None:
+        nonlocal started
+        started += 1
+        await go.wait()
+        await client()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(clients):
+            tg.start_soon(wait_then_run)
+        while started < clients:
+            await anyio.sleep(0)
+        began = time.process_time()
+        go.set()
+    return time.process_time() - began
 
 
 async def ping_pong_floor(clients: int, total_calls: int) -> float:
@@ -130,11 +155,7 @@ async def ping_pong_floor(clients: int, total_calls: int) -> float:
 
     async with anyio.create_task_group() as server:
         server.start_soon(serve)
-        started = time.process_time()
-        async with anyio.create_task_group() as tg:
-            for _ in range(clients):
-                tg.start_soon(client)
-        elapsed = time.process_time() - started
+        elapsed = await _timed_clients(clients, client)
         server.cancel_scope.cancel()
     return elapsed / (per_client * clients) * 1e6
 
@@ -228,12 +249,20 @@ def make_chains(count: int, seed: int = 1) -> list[list[int]]:
 
 def bare_cycles(chains: list[list[int]], batched: bool = True) -> float:
     """Seconds for the workload straight on a BlockPool. Batched: its fastest calls for
-    the same cycle (one match_prefix, one cache_many, one release_many leaf first);
-    otherwise one cache_private and one release per block, the per-block API a caller
-    without the batch calls would write."""
+    the same cycle (one admit, one cache_many, one release_many leaf first); otherwise
+    the steps of admit spelled out (match_prefix, reserve, activate_prefix, one
+    allocate_private per block, cancel) and one cache_private and one release per
+    block, the per-block API a caller without the batch calls would write."""
     pool = BlockPool(CAPACITY)
     started = time.process_time()
     for chain in chains:
+        if batched:
+            admission = pool.admit(chain)
+            assert admission is not None
+            cached = admission.cached
+            pool.cache_many(list(zip(admission.blocks[cached:], chain[cached:], strict=True)))
+            pool.release_many(admission.blocks[::-1])
+            continue
         hits, _active = pool.match_prefix(chain)
         outcome = pool.reserve(chain[:hits], len(chain) - hits)
         assert outcome is not None
@@ -241,20 +270,18 @@ def bare_cycles(chains: list[list[int]], batched: bool = True) -> float:
         blocks = pool.activate_prefix(reservation)
         blocks += [pool.allocate_private(reservation) for _ in range(reservation.fresh)]
         pool.cancel(reservation)
-        if batched:
-            pool.cache_many(list(zip(blocks[hits:], chain[hits:], strict=True)))
-            pool.release_many(blocks[::-1])
-        else:
-            for block_id, block_hash in zip(blocks[hits:], chain[hits:], strict=True):
-                pool.cache_private(block_id, block_hash)
-            for block_id in reversed(blocks):
-                pool.release(block_id)
+        for block_id, block_hash in zip(blocks[hits:], chain[hits:], strict=True):
+            pool.cache_private(block_id, block_hash)
+        for block_id in reversed(blocks):
+            pool.release(block_id)
     return time.process_time() - started
 
 
-async def actor_cycles(chains: list[list[int]], clients: int) -> float:
+async def actor_cycles(
+    chains: list[list[int]], clients: int, yield_every: int = YIELD_EVERY
+) -> float:
     """Seconds for the same workload through the actor with ``clients`` tasks."""
-    async with open_pool(CAPACITY) as pool:
+    async with open_pool(CAPACITY, yield_every=yield_every) as pool:
 
         async def client(mine: list[list[int]], pool: PoolClient) -> None:
             for chain in mine:
@@ -307,19 +334,21 @@ def main() -> None:
     print(
         f"round trip, microseconds of CPU per call (prefix_hit; {calls} calls, best of {repeats})"
     )
-    print(
-        f"{'clients':>8}" + "".join(f"{name:>10}" for name in names)
-        + "   | mailbox only" + " " * 11 + "| floor: no actor"
-    )  # fmt: skip
-    variants: dict[Any, Callable[[], float]] = {}
-    kinds: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = [
-        ("actor", round_trips, ()),
-        ("mailbox", round_trips, (False,)),
-        ("floor", ping_pong_floor, ()),
+    kinds: list[tuple[str, str, Callable[..., Any], tuple[Any, ...]]] = [
+        ("actor", f"default (yield every {YIELD_EVERY})", round_trips, ()),
+        ("every", "yield every call", round_trips, (1,)),
+        ("mailbox", "mailbox only", round_trips, (1, False)),
+        ("floor", "floor: no actor", ping_pong_floor, ()),
     ]
+    width = 8 * len(names)
+    print(f"{'':8}" + "".join(f" | {title:{width}s}" for _, title, _, _ in kinds))
+    print(f"{'clients':>8}" + " | ".join("" for _ in range(1)) + "".join(
+        " | " + "".join(f"{name:>8}" for name in names) for _ in kinds
+    ))  # fmt: skip
+    variants: dict[Any, Callable[[], float]] = {}
     for name, backend, options in backends():
         for clients in (1, 10, 100, 1000):
-            for kind, bench, extra in kinds:
+            for kind, _, bench, extra in kinds:
                 variants[kind, name, clients] = (
                     lambda f=bench, c=clients, e=extra, b=backend, o=options: anyio.run(
                         f, c, calls, *e, backend=b, backend_options=o
@@ -327,10 +356,10 @@ def main() -> None:
                 )
     table = interleaved(variants, repeats)
     for clients in (1, 10, 100, 1000):
-        row = "".join(f"{table['actor', name, clients]:10.2f}" for name in names)
-        mailbox = "".join(f"{table['mailbox', name, clients]:8.2f}" for name in names)
-        floor = "".join(f"{table['floor', name, clients]:8.2f}" for name in names)
-        print(f"{clients:>8}{row}   |{mailbox}   |{floor}")
+        groups = (
+            "".join(f"{table[kind, name, clients]:8.2f}" for name in names) for kind, *_ in kinds
+        )
+        print(f"{clients:>8}" + "".join(f" | {group}" for group in groups))
 
     print("\ndispatch, nanoseconds per message (first kind / last kind of 13)")
     for name, (first, last) in dispatch_costs(5).items():
@@ -343,9 +372,11 @@ def main() -> None:
         "handlers": lambda: handler_cycles(chains),
     }
     for name, backend, options in backends():
-        for clients in (1, 16):
-            workload[name, clients] = lambda c=clients, b=backend, o=options: anyio.run(
-                actor_cycles, chains, c, backend=b, backend_options=o
+        for clients, yield_every in ((1, YIELD_EVERY), (16, YIELD_EVERY), (16, 1)):
+            workload[name, clients, yield_every] = (
+                lambda c=clients, y=yield_every, b=backend, o=options: anyio.run(
+                    actor_cycles, chains, c, y, backend=b, backend_options=o
+                )
             )
     turns = 3 * repeats  # a turn takes well under a second: more turns, steadier ratios
     runs = in_turns(workload, turns)
@@ -356,15 +387,18 @@ def main() -> None:
         f"capacity {CAPACITY}, CPU time, best of {turns} turns; ratios = throughput vs a "
         "bare pool, median of the turns' pairs"
     )
-    print(f"  bare BlockPool, batch calls:     {min(bare_runs) / cycles * 1e6:8.2f} us/cycle")
-    print(f"  bare BlockPool, per-block calls: {min(per_block_runs) / cycles * 1e6:8.2f} us/cycle")
-    print(f"{'':39s}{'':11s}  vs batch  vs per-block")
+    print(f"  {'bare BlockPool, batch calls:':42s} {min(bare_runs) / cycles * 1e6:8.2f} us/cycle")
+    print(
+        f"  {'bare BlockPool, per-block calls:':42s} "
+        f"{min(per_block_runs) / cycles * 1e6:8.2f} us/cycle"
+    )
+    print(f"{'':44s}{'':17s}  vs batch  vs per-block")
     for key, through in runs.items():
         label = "actor handlers, no loop:" if key == "handlers" else (
-            f"actor {key[0]:8s} {key[1]:3d} clients:"
+            f"actor {key[0]:7s} {key[1]:2d} clients, yield every {key[2]:2d}:"
         )  # fmt: skip
         print(
-            f"  {label:31s} {min(through) / cycles * 1e6:8.2f} us/cycle"
+            f"  {label:42s} {min(through) / cycles * 1e6:8.2f} us/cycle"
             f"  {paired_ratio(bare_runs, through):7.2f}x"
             f"  {paired_ratio(per_block_runs, through):10.2f}x"
         )
