@@ -231,7 +231,7 @@ class PoolState:
 
     def admit(self, message: Admit) -> AdmitReply | Wait:
         chain = message.chain
-        if not is_sequence(chain):
+        if type(chain) is not list and not is_sequence(chain):
             raise InvalidArgumentError(f"chain must be a sequence of ints, got {chain!r}")
         admission = self.pool.admit(chain, message.extra)
         if admission is None:
@@ -239,7 +239,8 @@ class PoolState:
                 return WAIT  # retried from the FIFO; counted once it is granted
             self.reserve_failures += 1
             return _NOT_ADMITTED
-        self.record_reserve(admission.removed)
+        self.reserves += 1  # record_reserve, written out on this hot path
+        self.evictions += len(admission.removed)
         self.admissions += 1
         return AdmitReply(admission)
 
@@ -253,11 +254,10 @@ class PoolState:
         return FlagsReply(self.pool.cache_many(message.pairs))  # type: ignore[arg-type]
 
     def free(self, message: Free) -> DoneReply:
-        if not is_sequence(message.block_ids):
-            raise InvalidArgumentError(
-                f"block_ids must be a sequence of ints, got {message.block_ids!r}"
-            )
-        self._release_leaf_first(message.block_ids)
+        block_ids = message.block_ids
+        if type(block_ids) is not list and not is_sequence(block_ids):
+            raise InvalidArgumentError(f"block_ids must be a sequence of ints, got {block_ids!r}")
+        self.pool.release_many(block_ids[::-1])  # type: ignore[arg-type] # leaf first
         return _DONE
 
     # ------------------------------------------------------------ internals
