@@ -34,11 +34,12 @@ Cancellation contract (holds at every point: queued, being handled, replied but 
   group of its own (`kvpool.actors.hosting`).
 
 Scheduling: a posted call always yields (it waits for the actor). A caller of an idle
-actor runs its turn synchronously and yields only once every ``yield_every`` such turns
-(default `YIELD_EVERY` = 32, a cooperative budget as in tokio): a task calling the pool
-in a loop still lets others run, without paying a task switch per call. On trio every
-call is a cancel point (``checkpoint_if_cancelled``); on asyncio a cancellation lands at
-the next yield. ``open_pool(capacity, yield_every=1)`` makes every call a checkpoint.
+actor runs its turn synchronously and passes a checkpoint only once every
+``yield_every`` such turns (default `YIELD_EVERY` = 32, a cooperative budget as in
+tokio): a task calling the pool in a loop still lets others run and sees its
+cancellation within that many calls, without paying a task switch per call. The same
+holds on asyncio, uvloop and trio. ``open_pool(capacity, yield_every=1)`` makes every
+call a checkpoint (trio's every-call rule; the most interleavings for stress tests).
 
 Extension API (for layers below, e.g. the request manager): plug your own state and
 message kinds into the same actor, so your requests are atomic with the pool's::

@@ -110,13 +110,14 @@ class _Undo:
 _Entry = tuple[Any, ReplySlot | None]
 
 YIELD_EVERY: Final = 32
-"""Direct turns per schedule point, by default: a cooperative budget, as tokio gives
-each task. A direct turn yields to the event loop only when it spends the actor's last
-unit of budget, so a task calling an idle pool in a loop still lets others run at
-least every this many calls, without paying a task switch on every call (the switch
-costs 3 to 10 times the turn itself). Posted calls always wait for the actor, so they
-always yield. ``yield_every=1`` makes every call a schedule point, for tests that want
-the most interleavings."""
+"""Direct turns per checkpoint, by default: a cooperative budget, as tokio gives each
+task. A direct turn passes a checkpoint (a schedule point and a cancel point) only when
+it spends the actor's last unit of budget, so a task calling an idle pool in a loop
+still lets others run and sees its cancellation within this many calls, without paying
+a task switch on every call (the switch costs 2 to 8 times the turn itself). A call
+that passes no checkpoint completes: it cannot be cancelled, on any loop. Posted calls
+always wait for the actor, so they always yield. ``yield_every=1`` makes every call a
+checkpoint, for code that wants trio's every-call rule or the most interleavings."""
 
 
 class Actor:
@@ -159,7 +160,7 @@ class Actor:
         # actor parks; cleared by anything that wakes it, queues a waiter or ends it.
         self._idle = False
         self._yield_every = yield_every
-        self._budget = yield_every  # direct turns left before the next schedule point
+        self._budget = yield_every  # direct turns left before the next checkpoint
 
     # ------------------------------------------------------------------ callers
 
@@ -206,8 +207,8 @@ class Actor:
     async def call(self, message: Any, unwrap: Callable[[Any], Any] | None = None) -> Any:
         """Send ``message`` and return its handler's reply.
 
-        A posted call always yields; a direct turn yields once every ``yield_every``
-        turns (see `YIELD_EVERY`). On trio every call is a cancel point.
+        A posted call always yields; a direct turn passes a checkpoint once every
+        ``yield_every`` turns (see `YIELD_EVERY`).
 
         With ``unwrap`` the caller gets ``unwrap(reply)`` instead (one coroutine less
         for a client method that only picks a field).

@@ -32,8 +32,8 @@ async def open_pool(
     """Start a pool actor owning ``BlockPool(capacity)``; yield its client.
 
     ``extensions`` plug extra message kinds into the same actor (see `kvpool.actors`).
-    ``yield_every``: a caller of the idle actor yields to the event loop once every this
-    many calls (a cooperative budget, `YIELD_EVERY`); 1 makes every call a schedule point.
+    ``yield_every``: a caller of the idle actor passes a checkpoint once every this many
+    calls (a cooperative budget, `YIELD_EVERY`); 1 makes every call a checkpoint.
     Raises InvalidArgumentError for a bad capacity, a bad ``yield_every`` or a message
     kind registered twice.
     Leaving the block handles everything already queued, then fails every waiter and

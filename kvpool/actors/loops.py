@@ -3,13 +3,13 @@
 A call takes one of two paths. While the actor sleeps on an empty mailbox with nobody
 waiting, the calling task takes the actor's turn itself (a *direct turn*): it runs the
 handler synchronously, exactly as the actor would (handlers never await and the loop
-runs one task at a time). Every ``yield_every``-th direct turn then yields to the loop
-(a cooperative budget, `kvpool.actors.core.YIELD_EVERY`); on trio every direct turn is
-also a cancel point. A caller cancelled there leaves its reply unread, and the actor
-undoes it as for a posted call. Otherwise the call is *posted*: it joins the mailbox,
-wakes the actor and waits on a reply slot. Either way each call is one atomic turn and
-turns keep the order in which they were taken. A direct turn needs no slot and no
-wake-up, and most need no task switch, which costs several times the turn itself.
+runs one task at a time). Every ``yield_every``-th direct turn then passes a checkpoint
+(a cooperative budget, `kvpool.actors.core.YIELD_EVERY`), on every loop alike. A caller
+cancelled there leaves its reply unread, and the actor undoes it as for a posted call.
+Otherwise the call is *posted*: it joins the mailbox, wakes the actor and waits on a
+reply slot. Either way each call is one atomic turn and turns keep the order in which
+they were taken. A direct turn needs no slot and no wake-up, and most need no task
+switch, which costs several times the turn itself.
 
 A reply slot is what a posted caller waits on. On asyncio (and uvloop) the slot *is* a
 loop future, the cheapest awaitable there; on trio it is a small record whose reply
@@ -63,7 +63,7 @@ class AsyncioActor(Actor):
             if handler is None or self._status is not _OPEN:
                 return (yield from self._refuse(message).__await__())
             return (yield from self._post(message, handler, unwrap).__await__())
-        # A direct turn; a schedule point only when it spends the last of the budget.
+        # A direct turn; a checkpoint only when it spends the last of the budget.
         budget = self._budget - 1
         self._budget = budget or self._yield_every
         try:
@@ -195,7 +195,6 @@ _reschedule: Any = None
 _current_task: Any = None
 _wait_task_rescheduled: Any = None
 _checkpoint: Any = None
-_checkpoint_if_cancelled: Any = None
 _Value: Any = None
 _Error: Any = None
 _SUCCEEDED: Any = None
@@ -203,7 +202,6 @@ _SUCCEEDED: Any = None
 
 def _bind_trio() -> None:
     global _reschedule, _current_task, _wait_task_rescheduled, _checkpoint
-    global _checkpoint_if_cancelled
     global _Value, _Error, _SUCCEEDED
     if _reschedule is None:
         import outcome
@@ -213,7 +211,6 @@ def _bind_trio() -> None:
         _current_task = trio.lowlevel.current_task
         _wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
         _checkpoint = trio.lowlevel.checkpoint
-        _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
         _Value = outcome.Value
         _Error = outcome.Error
         _SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
@@ -243,28 +240,29 @@ class TrioActor(Actor):
             if handler is None or self._status is not _OPEN:
                 return await self._refuse(message)
             return await self._post(message, unwrap)
-        # A direct turn; a schedule point only when it spends the last of the budget,
-        # and a cancel point after every turn (as trio's own calls are).
+        # A direct turn; a checkpoint only when it spends the last of the budget.
         budget = self._budget - 1
         self._budget = budget or self._yield_every
         try:
             reply = handler.handle(message)
         except BaseException as exc:
             error = self._turn_failed(exc)
-            await (_checkpoint() if not budget else _checkpoint_if_cancelled())
+            if not budget:
+                await _checkpoint()
             raise error  # noqa: B904 (the handler's own error, or PoolCrashed with cause)
         if reply is WAIT:
             slot = _TrioSlot(_current_task())
             self._waiters.append((message, slot, handler))
             self._idle = False
             return await self._reply(slot, unwrap)
-        try:
-            await (_checkpoint() if not budget else _checkpoint_if_cancelled())
-        except BaseException:
-            # Cancelled with the reply unread: give back what the turn handed out.
-            if handler.undo is not None:
-                self.give_back(message, reply, handler.undo)
-            raise
+        if not budget:
+            try:
+                await _checkpoint()
+            except BaseException:
+                # Cancelled with the reply unread: give back what the turn handed out.
+                if handler.undo is not None:
+                    self.give_back(message, reply, handler.undo)
+                raise
         return reply if unwrap is None else unwrap(reply)
 
     async def _post(self, message: Any, unwrap: Callable[[Any], Any] | None) -> Any:
