@@ -19,10 +19,11 @@ Run:  python benchmarks/bench_actor.py            (about 40 s)
 2. Workload: cycles of ``admit`` (32-block chain, shared prefixes) + ``cache_many`` of
    the fresh blocks + ``free``, through the actor with C concurrent clients, against
    the same cycles driven straight on a bare `BlockPool` in the same process (ratio =
-   actor throughput / bare throughput; target >= 0.7). The bare pool runs them with
-   its fastest calls (``admit``, ``cache_many``, ``release_many``) and, second, with
-   its per-block calls. "handlers, no loop" calls the actor's handlers directly: the
-   price of the protocol without any messaging.
+   actor throughput / bare throughput; target >= 0.7). The bare pool runs them both
+   with its batch calls (``admit``, ``cache_many``, ``release_many``) and with its
+   per-block calls; the ratio is against the faster of the two in each turn.
+   "handlers, no loop" calls the actor's handlers directly: the price of the protocol
+   without any messaging.
 """
 
 from __future__ import annotations
@@ -387,20 +388,21 @@ def main() -> None:
         f"capacity {CAPACITY}, CPU time, best of {turns} turns; ratios = throughput vs a "
         "bare pool, median of the turns' pairs"
     )
+    # The target compares with the bare pool at its best: per turn, the faster way.
+    best_bare = [min(pair) for pair in zip(bare_runs, per_block_runs, strict=True)]
     print(f"  {'bare BlockPool, batch calls:':42s} {min(bare_runs) / cycles * 1e6:8.2f} us/cycle")
     print(
         f"  {'bare BlockPool, per-block calls:':42s} "
         f"{min(per_block_runs) / cycles * 1e6:8.2f} us/cycle"
     )
-    print(f"{'':44s}{'':17s}  vs batch  vs per-block")
+    print(f"{'':44s}{'':17s}  vs the faster bare way")
     for key, through in runs.items():
         label = "actor handlers, no loop:" if key == "handlers" else (
             f"actor {key[0]:7s} {key[1]:2d} clients, yield every {key[2]:2d}:"
         )  # fmt: skip
         print(
             f"  {label:42s} {min(through) / cycles * 1e6:8.2f} us/cycle"
-            f"  {paired_ratio(bare_runs, through):7.2f}x"
-            f"  {paired_ratio(per_block_runs, through):10.2f}x"
+            f"  {paired_ratio(best_bare, through):7.2f}x"
         )
 
 
