@@ -51,13 +51,14 @@ class ActorTurnTimer:
         original = Actor.__init__
         timed = self._timed
 
-        def init(actor: Any, handlers: Any) -> None:
+        def init(actor: Any, handlers: Any, **options: Any) -> None:
             original(
                 actor,
                 {
                     kind: Handler(timed(h.handle), h.undo, h.gives_back, h.waits)
                     for kind, h in handlers.items()
                 },
+                **options,
             )
 
         self._original = original
