@@ -1,0 +1,37 @@
+"""Every benchmark still runs: each is started for real, in its smallest configuration,
+and must exit cleanly and print its headline figures. Nothing here asserts a time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+RUNS = {
+    "pool": (["bench_pool.py", "--quick"], ["ns/call", "memory per resident cached block"]),
+    "actor": (["bench_actor.py", "--quick"], ["round trip", "vs the faster bare way"]),
+    "engine": (
+        ["bench_engine.py", "--repeat", "1", "--no-profile"],
+        ["wall time", "inside pool actor turns"],
+    ),
+    "events": (["bench_events.py"], ["tokens", "batches"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_the_benchmark_runs_and_prints_its_figures(name: str) -> None:
+    arguments, expected = RUNS[name]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / arguments[0]), *arguments[1:]],
+        capture_output=True,
+        text=True,
+        timeout=300,  # a guard against hangs, not a timing assertion
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for phrase in expected:
+        assert phrase in done.stdout, (phrase, done.stdout[-2000:])
