@@ -21,6 +21,7 @@ from kvpool import (
     BlockId,
     BlockNotReferencedError,
     BlockPool,
+    CapacityError,
     ForeignReservationError,
     InvalidArgumentError,
     InvalidHashError,
@@ -229,6 +230,10 @@ def _cache_private(block: Call, block_hash: object) -> Call:
     return lambda rc: rc.pool.cache_private(block(rc), block_hash)  # type: ignore[arg-type]
 
 
+def _admit_call(chain: object, extra: object) -> Call:
+    return lambda rc: rc.pool.admit(chain, extra)  # type: ignore[arg-type]
+
+
 def _prefix_hit(block_hash: object) -> Call:
     return lambda rc: rc.pool.prefix_hit(block_hash)  # type: ignore[arg-type]
 
@@ -383,6 +388,53 @@ def _bad_cases() -> dict[str, Case]:
     cases["reserve_bad_fresh_none"] = Case(
         _reserve_call([], None), InvalidArgumentError, _const(None)
     )
+
+    # -- admit checks its whole chain, extra and size before it pins, evicts or allocates
+    # anything: each bad chain asks for 2 extra blocks, so that a valid version of the
+    # call would pin its hits and evict (only 2 blocks are free).
+    not_sequences = {
+        "none": None,
+        "int": 5,
+        "str": "abc",
+        "empty_str": "",
+        "bytes": b"ab",
+        "bytearray": bytearray(b"ab"),
+    }
+    for label, bad_chain in not_sequences.items():
+        cases[f"admit_chain_not_a_sequence_{label}"] = Case(
+            _admit_call(bad_chain, 2), InvalidArgumentError, _const(bad_chain)
+        )
+    for label, bad in BAD_HASHES.items():
+        chains: dict[str, object] = {
+            "at_root": [bad],
+            # the first miss, unless it looks like a resident hash (True, 10.0): a hit then
+            "after_hits": [10, 12, bad, 11],
+            "after_first_miss": [10, 12, ABSENT, bad],
+            "after_a_miss_and_resident_hashes": [10, ABSENT, 11, 1, bad],
+            "last_of_a_tuple": (11, 0, 13, ABSENT, bad),
+        }
+        for where, chain in chains.items():
+            cases[f"admit_bad_hash_{where}_{label}"] = Case(
+                _admit_call(chain, 2), InvalidHashError, _const(bad)
+            )
+    bad_extras: dict[str, object] = {"negative": -1, "float": 1.5, "integral_float": 1.0}
+    bad_extras |= {"bool": True, "none": None, "str": "1"}
+    for label, bad_extra in bad_extras.items():
+        for chain_label, chain in (("no_chain", []), ("hits_and_miss", [10, 12, ABSENT])):
+            cases[f"admit_bad_extra_{label}_{chain_label}"] = Case(
+                _admit_call(chain, bad_extra), InvalidArgumentError, _const(bad_extra)
+            )
+    too_big: dict[str, tuple[list[int], int]] = {
+        "misses": ([ABSENT] * (CAPACITY + 1), 0),
+        "extra_only": ([], CAPACITY + 1),
+        "hits_plus_extra": ([10, 12], CAPACITY - 1),
+        "duplicate_hits": ([10] * (CAPACITY + 1), 0),  # one copy, but a block per position
+        "huge_extra": ([10], 2**70),
+    }
+    for label, (chain, extra) in too_big.items():
+        cases[f"admit_larger_than_the_pool_{label}"] = Case(
+            _admit_call(chain, extra), CapacityError, _const(CAPACITY)
+        )
     return cases
 
 
@@ -422,6 +474,10 @@ LEGAL_CALLS: dict[str, tuple[Callable[[Recipe], object], bool]] = {
     "pin_duplicate": (lambda rc: rc.pool.reserve([11], 0), True),
     "pin_second_lru_entry": (lambda rc: rc.pool.reserve([0], 0), True),
     "allocate_private": (lambda rc: rc.pool.allocate_private(rc.reservations["open"]), True),
+    "admit_hit_and_fresh": (lambda rc: rc.pool.admit([11, ABSENT]), True),
+    "admit_nothing": (lambda rc: rc.pool.admit([]), False),
+    # Refused (None): 3 idle hits would be pinned, and 5 fresh blocks do not fit.
+    "admit_refused": (lambda rc: rc.pool.admit([11, 0, 10, ABSENT], 4), False),
 }
 
 

@@ -10,7 +10,7 @@ must raise the error class the model predicts and change nothing.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from kvpool import (
     BlockId,
     BlockNotReferencedError,
     BlockPool,
+    CapacityError,
     ForeignReservationError,
     InvalidArgumentError,
     InvalidHashError,
@@ -215,6 +216,32 @@ class Model:
         res.prefix = []
         res.fresh = 0
         res.closed = True
+
+    def admit(self, chain: object, extra: object) -> tuple[list[int], int, int, list[int]] | None:
+        """The pool's admit contract: check the whole chain, ``extra`` and the size first,
+        then match_prefix, reserve, activate_prefix, allocate_private per block, cancel."""
+        if isinstance(chain, str | bytes | bytearray) or not isinstance(chain, Iterable):
+            raise InvalidArgumentError(chain)
+        hashes = [_check_hash(h) for h in chain]
+        if type(extra) is not int or extra < 0:
+            raise InvalidArgumentError(extra)
+        if len(hashes) + extra > self.capacity:
+            raise CapacityError(len(hashes) + extra)
+        hits = active = 0
+        for block_hash in hashes:
+            hit = self.prefix_hit(block_hash)
+            if hit is None:
+                break
+            hits += 1
+            active += hit
+        outcome = self.reserve(list(hashes[:hits]), len(hashes) - hits + extra)
+        if outcome is None:
+            return None
+        reservation, removed = outcome
+        blocks = self.activate_prefix(reservation)
+        blocks += [self.allocate_private(reservation) for _ in range(reservation.fresh)]
+        self.cancel(reservation)
+        return blocks, hits, active, removed
 
     def num_active(self) -> int:
         return len(self.copies) - len(self.lru) + self.reserved
@@ -520,6 +547,72 @@ class PoolMachine(RuleBasedStateMachine):
             for block in reversed(held):
                 self._release(*block)
 
+    @rule(data=st.data())
+    def admit(self, data: st.DataObject) -> None:
+        """A whole request in one call: a chain (a list, now and then a tuple) of mostly
+        resident hashes (duplicates, a miss, resident hashes after it) plus extra blocks;
+        now and then exactly one fault: a malformed hash anywhere (often after the first
+        miss), a malformed extra, a chain that is not a sequence, or more blocks than the
+        pool. Then maybe cache the chain's fresh blocks, and maybe release them all."""
+        capacity = self.model.capacity
+        resident = sorted(self.model.by_hash)
+        extra: Any = data.draw(st.integers(0, 2))
+        size = data.draw(st.integers(0, max(0, capacity - extra)))
+        chain: Any = []
+        for _ in range(size):
+            if bool(resident) and data.draw(st.integers(0, 3)):
+                chain.append(data.draw(st.sampled_from(resident)))
+            else:
+                chain.append(self._hash(data))
+        fault = data.draw(st.integers(0, 24))
+        if fault == 0 and chain:
+            hits = next((i for i, h in enumerate(chain) if h not in self.model.by_hash), size)
+            after_miss = range(hits + 1, size)  # where the prefix walk does not reach
+            spots = after_miss if after_miss and data.draw(st.booleans()) else range(size)
+            where = data.draw(st.sampled_from(spots))
+            chain[where] = data.draw(BAD_HASHES)
+        elif fault == 1:
+            extra = data.draw(st.sampled_from([-1, 1.0, True, None, "1"]))
+        elif fault == 2:
+            chain = data.draw(st.sampled_from([None, 3, "12", b"\x01"]))
+        elif fault == 3:
+            chain += [self._hash(data) for _ in range(capacity + 1 - size - extra)]
+        elif fault == 4:
+            chain = tuple(chain)
+        evicted_before = self.model.evicted_copies
+        promoted_before = self.model.promotions
+        real = _run(self.pool.admit, chain, extra)
+        model = _run(self.model.admit, chain, extra)
+        admission = self._compare(real, model, f"admit({chain!r}, {extra!r})")
+        if real.error is not None:
+            return
+        if admission is None:
+            assert model.value is None, "pool refused an admit the model granted"
+            COVERAGE["admit_none"] += 1
+            return
+        assert model.value is not None, "pool granted an admit the model refused"
+        blocks, cached, active, removed = model.value
+        assert (admission.cached, admission.active_cached) == (cached, active)
+        assert admission.removed == removed
+        assert len(admission.blocks) == len(blocks)
+        assert [self.model_of[i] for i in admission.blocks[:cached]] == blocks[:cached]
+        fresh = list(zip(admission.blocks[cached:], blocks[cached:], strict=True))
+        for block_id, model_id in fresh:
+            self._record_block(block_id, model_id)
+        COVERAGE["admit_hits"] += cached > 0
+        COVERAGE["admit_active_hits"] += active > 0
+        evicted = self.model.evicted_copies - evicted_before
+        COVERAGE["admit_evicted"] += evicted > 0
+        # The eviction path is the one reserve takes: count its corner cases here too.
+        COVERAGE["promoted_next_copy"] += self.model.promotions - promoted_before
+        COVERAGE["eviction_keeping_hash"] += evicted > len(removed)
+        if data.draw(st.booleans()):  # an engine caches the chain's blocks it computed
+            for (block_id, model_id), block_hash in zip(fresh, chain[cached:], strict=False):
+                self._cache_private(block_id, model_id, block_hash)
+        if data.draw(st.integers(0, 3)):  # mostly a finished request: release it leaf first
+            for block_id, model_id in reversed(list(zip(admission.blocks, blocks, strict=True))):
+                self._release(block_id, model_id)
+
     # ---------------------------------------------------------------- after every step
 
     @invariant()
@@ -588,6 +681,11 @@ def test_pool_matches_the_model() -> None:
         "reserve_none",
         "cancel_relinks",
         "activated_blocks",
+        "admit_hits",
+        "admit_active_hits",
+        "admit_evicted",
+        "admit_none",
+        "error:CapacityError",
         "error:PrefixNotResidentError",
         "error:ReservationClosedError",
         "error:ReservationExhaustedError",
