@@ -155,7 +155,7 @@ class AdmitMachine(RuleBasedStateMachine):
         if not data.draw(st.integers(0, 2)):
             self._warm(data)
         if not self.pins:  # whichever rules run, chains meet pinned copies
-            self._pin(data)
+            self._pin(data, 0)
         extra = data.draw(st.sampled_from((0, 0, 1, 2)))
         chain = self._chain(data, data.draw(st.integers(0, capacity)))
         if len(chain) + extra > capacity:
@@ -256,10 +256,10 @@ class AdmitMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def pin(self, data: st.DataObject) -> None:
-        self._pin(data)
+        self._pin(data, data.draw(st.integers(0, 1)))
 
-    def _pin(self, data: st.DataObject) -> None:
-        """Reserve a resident prefix plus fresh capacity in both pools and keep it open,
+    def _pin(self, data: st.DataObject, fresh: int) -> None:
+        """Reserve a resident prefix plus ``fresh`` blocks in both pools and keep it open,
         so that later chains meet pinned copies and a fuller pool."""
         resident = self._resident()
         prefix = (
@@ -267,7 +267,6 @@ class AdmitMachine(RuleBasedStateMachine):
             if resident
             else []
         )
-        fresh = data.draw(st.integers(0, 1))
         got = self.a.reserve(prefix, fresh)
         want = self.b.reserve(prefix, fresh)
         assert (got is None) == (want is None)

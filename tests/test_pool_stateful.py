@@ -579,6 +579,12 @@ class PoolMachine(RuleBasedStateMachine):
             chain += [self._hash(data) for _ in range(capacity + 1 - size - extra)]
         elif fault == 4:
             chain = tuple(chain)
+        idle_hit = False  # does the walk pin an inactive copy?
+        for block_hash in chain if isinstance(chain, list | tuple) else []:
+            copy_id = self.model.first_copy(block_hash) if type(block_hash) is int else None
+            if copy_id is None:
+                break
+            idle_hit = idle_hit or self.model.is_inactive(copy_id)
         evicted_before = self.model.evicted_copies
         promoted_before = self.model.promotions
         real = _run(self.pool.admit, chain, extra)
@@ -603,9 +609,10 @@ class PoolMachine(RuleBasedStateMachine):
         COVERAGE["admit_active_hits"] += active > 0
         evicted = self.model.evicted_copies - evicted_before
         COVERAGE["admit_evicted"] += evicted > 0
-        # The eviction path is the one reserve takes: count its corner cases here too.
+        # admit pins and evicts as reserve does: count those corner cases here too.
         COVERAGE["promoted_next_copy"] += self.model.promotions - promoted_before
         COVERAGE["eviction_keeping_hash"] += evicted > len(removed)
+        COVERAGE["pinned_inactive_reserve_with_eviction"] += idle_hit and evicted > 0
         if data.draw(st.booleans()):  # an engine caches the chain's blocks it computed
             for (block_id, model_id), block_hash in zip(fresh, chain[cached:], strict=False):
                 self._cache_private(block_id, model_id, block_hash)
