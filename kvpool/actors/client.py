@@ -109,7 +109,7 @@ class Lease:
     def __init__(self, client: PoolClient, admission: Admission) -> None:
         self._client = client
         self.admission = admission
-        self.blocks: list[BlockId] = list(admission.blocks)  # type: ignore[arg-type]
+        self.blocks: list[BlockId] = list(admission.blocks)
         """Ids the lease still holds, in chain order."""
 
     def detach(self) -> list[BlockId]:

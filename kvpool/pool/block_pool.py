@@ -248,7 +248,7 @@ class BlockPool:
             ids.append(copy.id)
         self._refs += len(hits)
         ids += [self._new_copy(None).id for _ in range(fresh)]
-        return Admission(ids, len(hits), active, cast("list[int]", removed))
+        return Admission(cast("list[BlockId]", ids), len(hits), active, cast("list[int]", removed))
 
     def activate_prefix(self, reservation: object) -> list[BlockId]:
         """Turn the reservation's prefix pins into request references, root first."""

@@ -37,7 +37,7 @@ class Admission(msgspec.Struct, frozen=True, gc=False):
     to make room, in eviction order.
     """
 
-    blocks: list[int]
+    blocks: list[BlockId]
     cached: int
     active_cached: int
     removed: list[int]
