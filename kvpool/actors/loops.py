@@ -96,12 +96,7 @@ class AsyncioActor(Actor):
             raise self.gone_error()
         slot = self._new_future()
         self._queue.append((message, slot))
-        sleeper = self._sleeper
-        if sleeper is not None:
-            self._sleeper = None
-            self._idle = False
-            if not sleeper.done():
-                sleeper.set_result(None)
+        self._wake()
         return await self._reply(message, slot, handler, unwrap)
 
     async def _reply(
@@ -135,18 +130,9 @@ class AsyncioActor(Actor):
             if not sleeper.done():
                 sleeper.set_result(None)
 
-    async def _sleep(self) -> None:
-        sleeper = self._new_future()
-        self._sleeper = sleeper
-        self._idle = self._direct_turns and not self._waiters
-        try:
-            await sleeper
-        finally:
-            self._sleeper = None
-            self._idle = False
-
     async def run(self) -> None:
-        # The base loop with the sleep written inline: one coroutine less per batch.
+        # The base loop with the sleep written inline (so no _sleep here): one
+        # coroutine less per batch.
         queue = self._queue
         new_future = self._new_future
         while self._status is _OPEN:
@@ -271,11 +257,7 @@ class TrioActor(Actor):
             raise self.gone_error()
         slot = _TrioSlot(_current_task())
         self._queue.append((message, slot))
-        sleeper = self._sleeper
-        if sleeper is not None:
-            self._sleeper = None
-            self._idle = False
-            _reschedule(sleeper)
+        self._wake()
         return await self._reply(slot, unwrap)
 
     async def _reply(self, slot: _TrioSlot, unwrap: Callable[[Any], Any] | None) -> Any:
