@@ -1,16 +1,24 @@
-"""kvpool's error types: every caller mistake is a `PoolError` that changes nothing.
+"""kvpool's error types, and the one rule that sorts them: refuse or crash.
 
-The reference pool panics on a caller's mistake; kvpool raises one of the classes below
-instead, after validating and before mutating, so the pool is exactly as it was. Two
-classes are not caller mistakes: `InvariantViolation` (a bug inside the pool) and the
-actor's `PoolClosed` / `PoolCrashed`.
+Every error kvpool raises on purpose is a `KvpoolError`. Of those, a `PoolError` means
+*refused, nothing changed*: the reference pool panics on a caller's mistake, kvpool
+validates before it mutates and raises a `PoolError` subclass instead, so the state
+(pool, manager, actor) is exactly as it was. Anything else raised inside an actor's
+handler is a bug and crashes the actor (`kvpool.actors`): `InvariantViolationError`
+(the state broke one of its named invariants) or any non-kvpool exception. The
+remaining classes report something other than a refused call: `PoolCrashedError` (the
+actor died of such a bug) and `TraceError` (a malformed workload file).
 """
 
 from __future__ import annotations
 
 
-class PoolError(Exception):
+class KvpoolError(Exception):
     """Base class of every error kvpool raises on purpose."""
+
+
+class PoolError(KvpoolError):
+    """A refused call: the caller's mistake (or a closed pool), and nothing changed."""
 
 
 class InvalidArgumentError(PoolError, ValueError):
@@ -63,16 +71,26 @@ class AlreadyCachedError(BlockError):
     """``cache_private`` of a copy that is already in the prefix cache."""
 
 
-class InvariantViolation(PoolError):
-    """The pool's internal state breaks one of its invariants: a bug, never a caller's."""
+class InvariantViolationError(KvpoolError):
+    """The internal state breaks one of its named invariants: a bug, never a caller's.
+
+    Not a `PoolError`: raised inside an actor's handler, it crashes the actor.
+    """
 
 
-class PoolClosed(PoolError):
+class PoolClosedError(PoolError):
     """The pool actor has shut down; the call was not performed."""
 
 
-class PoolCrashed(PoolError):
-    """The pool actor died of an internal error; ``__cause__`` holds that error."""
+class PoolCrashedError(KvpoolError):
+    """The pool actor died of a bug in a handler; ``__cause__`` holds that error."""
+
+
+class WrongLoopError(PoolError, RuntimeError):
+    """A client was used from a thread or event loop other than its actor's.
+
+    From another thread, reach the actor's loop with ``anyio.from_thread.run``.
+    """
 
 
 class CapacityError(PoolError):
@@ -99,7 +117,7 @@ class TokenCountError(RequestError, InvalidArgumentError):
     or a computed count going backwards)."""
 
 
-class TraceError(PoolError, ValueError):
+class TraceError(KvpoolError, ValueError):
     """A workload trace is malformed; ``line`` names the 1-based line at fault (or None)."""
 
     def __init__(self, message: str, *, source: str, line: int | None = None) -> None:

@@ -16,9 +16,9 @@ import uvloop
 from kvpool.actors import YIELD_EVERY, Handler, PoolClient, PoolState, open_pool
 from kvpool.actors.loops import new_actor
 from kvpool.errors import (
-    InvariantViolation,
-    PoolClosed,
-    PoolCrashed,
+    InvariantViolationError,
+    PoolClosedError,
+    PoolCrashedError,
     ReservationExhaustedError,
 )
 from kvpool.messages import Admission, GetStats, Release
@@ -387,7 +387,7 @@ async def test_close_handles_everything_already_queued_then_fails_waiters() -> N
     async def record(name: str, message: Any) -> None:
         try:
             results[name] = await actor.call(message)
-        except PoolClosed as exc:
+        except PoolClosedError as exc:
             results[name] = exc
 
     from kvpool.messages import Admit, Free
@@ -407,10 +407,10 @@ async def test_close_handles_everything_already_queued_then_fails_waiters() -> N
             await anyio.lowlevel.checkpoint()
         actor.close()
     assert results["fits after the free"].admission is not None
-    assert isinstance(results["never fits"], PoolClosed)
+    assert isinstance(results["never fits"], PoolClosedError)
     assert results["stats"].stats.num_active == 3
     assert type(results["free"]).__name__ == "DoneReply"
-    with pytest.raises(PoolClosed):
+    with pytest.raises(PoolClosedError):
         await actor.call(GetStats())
 
 
@@ -427,7 +427,7 @@ async def test_leaving_open_pool_drains_queued_work_and_closes_later_calls() -> 
     async def record(name: str, call: Awaitable[Any]) -> None:
         try:
             results[name] = await call
-        except PoolClosed as exc:
+        except PoolClosedError as exc:
             results[name] = exc
 
     async with anyio.create_task_group() as outside:
@@ -441,10 +441,10 @@ async def test_leaving_open_pool_drains_queued_work_and_closes_later_calls() -> 
             with anyio.CancelScope() as scope:  # posted, never awaited: still happens
                 scope.cancel()
                 await pool.free(hold.blocks)
-        with pytest.raises(PoolClosed):
+        with pytest.raises(PoolClosedError):
             await pool.stats()
     assert isinstance(results["small"], Admission)
-    assert isinstance(results["big"], PoolClosed)
+    assert isinstance(results["big"], PoolClosedError)
     assert states[0].pool.num_active() == 3
 
 
@@ -460,7 +460,7 @@ class Explode(msgspec.Struct, frozen=True, tag=True):
 def _bomb(state: PoolState) -> dict[type, Handler[Any, Any]]:
     def explode(message: Explode) -> None:
         if message.error == "invariant":
-            raise InvariantViolation("deliberately broken")
+            raise InvariantViolationError("deliberately broken")
         raise RuntimeError("deliberately broken")
 
     return {Explode: Handler(explode)}
@@ -475,7 +475,7 @@ async def test_a_crash_fails_every_pending_and_later_call_everywhere(error: str)
         try:
             await call()
             outcomes[name] = None
-        except PoolCrashed as exc:
+        except PoolCrashedError as exc:
             outcomes[name] = exc
 
     clients: list[PoolClient] = []
@@ -495,15 +495,15 @@ async def test_a_crash_fails_every_pending_and_later_call_everywhere(error: str)
 
     with anyio.fail_after(HANG_GUARD):
         async with anyio.create_task_group() as outside:
-            with pytest.raises(PoolCrashed) as crashed:
+            with pytest.raises(PoolCrashedError) as crashed:
                 await crash_it(outside)
-            assert isinstance(crashed.value.__cause__, InvariantViolation | RuntimeError)
-            with pytest.raises(PoolCrashed) as later:
+            assert isinstance(crashed.value.__cause__, InvariantViolationError | RuntimeError)
+            with pytest.raises(PoolCrashedError) as later:
                 await clients[0].stats()
             assert later.value.__cause__ is crashed.value.__cause__
     assert set(outcomes) == {"outside waiter", "inside waiter", "bomb"}
     for name, exc in outcomes.items():
-        assert isinstance(exc, PoolCrashed), name
+        assert isinstance(exc, PoolCrashedError), name
         assert exc.__cause__ is crashed.value.__cause__
 
 
@@ -514,7 +514,7 @@ async def test_a_crash_reaches_a_caller_outside_the_pool_block_promptly() -> Non
     async def record(call: Awaitable[Any]) -> None:
         try:
             await call
-        except PoolCrashed as exc:
+        except PoolCrashedError as exc:
             errors.append(exc)
 
     clients: list[PoolClient] = []
@@ -527,9 +527,9 @@ async def test_a_crash_reaches_a_caller_outside_the_pool_block_promptly() -> Non
 
     with anyio.fail_after(HANG_GUARD):
         async with anyio.create_task_group() as outside:
-            with pytest.raises(PoolCrashed):
+            with pytest.raises(PoolCrashedError):
                 await crash_it(outside)
-            with pytest.raises(PoolCrashed):
+            with pytest.raises(PoolCrashedError):
                 await clients[0].release(123)  # type: ignore[arg-type]
     assert len(errors) == 1
     assert isinstance(errors[0].__cause__, RuntimeError)
@@ -561,7 +561,7 @@ async def test_an_outer_cancellation_still_closes_the_pool() -> None:
                 outer.cancel()
                 await anyio.sleep_forever()
     assert outer.cancelled_caught
-    with pytest.raises(PoolClosed):
+    with pytest.raises(PoolClosedError):
         await clients[0].stats()
 
 

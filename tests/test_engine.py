@@ -15,7 +15,7 @@ from kvpool.engine import (
     StepUpdate,
     TimedKvClient,
 )
-from kvpool.errors import InvariantViolation, UnknownRequestError
+from kvpool.errors import InvariantViolationError, UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import KvManager, PrefillCost
 from kvpool.pool import BlockPool
@@ -380,7 +380,7 @@ async def test_the_local_client_checks_the_managers_invariants_not_only_the_pool
     await kv.mark_computed("r", 10)
     await kv.check_invariants()
     kv.manager._requests["r"].visible = 1  # corrupt on purpose: two blocks are visible
-    with pytest.raises(InvariantViolation, match="watermark"):
+    with pytest.raises(InvariantViolationError, match="watermark"):
         await kv.check_invariants()
 
 

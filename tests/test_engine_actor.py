@@ -8,7 +8,7 @@ from kvpool.engine import EngineConfig, MockEngine, StepUpdate
 from kvpool.engine.actor_kv import FinishStep, open_actor_kv
 from kvpool.engine.runner import open_actor_kv as actor_backend
 from kvpool.engine.runner import open_local_kv, run_simulation
-from kvpool.errors import PoolCrashed, UnknownRequestError
+from kvpool.errors import PoolCrashedError, UnknownRequestError
 from kvpool.events import EventCollector
 from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload
 
@@ -82,8 +82,8 @@ async def test_a_step_batch_failing_half_way_crashes_the_actor() -> None:
             # the second update (40 computed in a 1-block table) is refused by the
             # manager after the first was applied: no clean refusal is possible
             batch = [StepUpdate("r", [7], -1, False), StepUpdate("r", [], 40, False)]
-            with pytest.raises(PoolCrashed):
+            with pytest.raises(PoolCrashedError):
                 await kv.finish_step(batch)
 
-    with pytest.raises(PoolCrashed):  # and leaving the actor's block reports the crash
+    with pytest.raises(PoolCrashedError):  # and leaving the actor's block reports the crash
         await drive()

@@ -10,7 +10,7 @@ from kvpool.errors import (
     CapacityError,
     DuplicateRequestError,
     InvalidArgumentError,
-    InvariantViolation,
+    InvariantViolationError,
     PoolError,
     TokenCountError,
     UnknownRequestError,
@@ -491,7 +491,7 @@ def test_check_invariants_catches_a_stale_watermark() -> None:
     run(manager, "a", list(range(10)))
     manager.check_invariants()
     manager._requests["a"].visible = 1  # corrupt on purpose: blocks 0 and 1 are visible
-    with pytest.raises(InvariantViolation, match="watermark"):
+    with pytest.raises(InvariantViolationError, match="watermark"):
         manager.check_invariants()
 
 

@@ -16,7 +16,7 @@ from kvpool.errors import (
     CapacityError,
     DuplicateRequestError,
     InvalidArgumentError,
-    PoolClosed,
+    PoolClosedError,
     PoolError,
     TokenCountError,
     UnknownRequestError,
@@ -135,7 +135,7 @@ async def test_misuse_through_the_actor_is_a_typed_error_and_the_actor_keeps_ser
 async def test_calls_after_the_block_raise_pool_closed() -> None:
     async with open_manager(4, BS) as kv:
         pass
-    with pytest.raises(PoolClosed):
+    with pytest.raises(PoolClosedError):
         await kv.add_request("a", [1])
 
 

@@ -25,7 +25,7 @@ from kvpool import (
     ForeignReservationError,
     InvalidArgumentError,
     InvalidHashError,
-    InvariantViolation,
+    InvariantViolationError,
     PoolError,
     PrefixHit,
     PrefixNotResidentError,
@@ -529,5 +529,5 @@ def test_reserve_with_an_iterator_prefix_is_a_caller_error() -> None:
     untouched, touched = build(), build()
     with pytest.raises(PoolError) as raised:
         touched.pool.reserve(iter([10, ABSENT]), 1)  # type: ignore[arg-type]
-    assert not isinstance(raised.value, InvariantViolation), str(raised.value)
+    assert not isinstance(raised.value, InvariantViolationError), str(raised.value)
     assert snapshot(touched) == snapshot(untouched)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvpool import BlockPool, InvariantViolation, ReserveOutcome
+from kvpool import BlockPool, InvariantViolationError, ReserveOutcome
 
 
 def reserve(pool: BlockPool, prefix: Sequence[int], fresh: int) -> ReserveOutcome:
@@ -163,5 +163,7 @@ def test_eviction_rejects_head_with_predecessor() -> None:
     assert head is not None
     assert head.id == block
     head.prev = head
-    with pytest.raises(InvariantViolation, match="inactive LRU contains a broken back-pointer"):
+    with pytest.raises(
+        InvariantViolationError, match="inactive LRU contains a broken back-pointer"
+    ):
         pool.check_invariants()

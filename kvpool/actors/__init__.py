@@ -28,9 +28,9 @@ Cancellation contract (holds at every point: queued, being handled, replied but 
   reached them; otherwise they took effect.
 - Posting never blocks. A cancelled waiter leaves the FIFO without a trace.
 - Normal exit of ``open_pool`` handles everything queued, then fails waiters and later
-  calls with PoolClosed. A crash (InvariantViolation or any non-PoolError exception in a
-  handler) fails every pending and later call, in any task, with PoolCrashed (cause
-  attached) and makes ``open_pool`` raise PoolCrashed; it never raises an exception
+  calls with PoolClosedError. A crash (InvariantViolationError or any non-PoolError exception in a
+  handler) fails every pending and later call, in any task, with PoolCrashedError (cause
+  attached) and makes ``open_pool`` raise PoolCrashedError; it never raises an exception
   group of its own (`kvpool.actors.hosting`).
 
 Scheduling: a posted call always yields (it waits for the actor). A caller of an idle
@@ -72,7 +72,7 @@ message kinds into the same actor, so your requests are atomic with the pool's::
         reply = await pool.call(Touch(h))    # same contract as the built-in calls
 
 `Handler` fields: ``handle(msg) -> reply`` (synchronous, one turn; a PoolError other
-than InvariantViolation refuses the request and must change nothing; anything else
+than InvariantViolationError refuses the request and must change nothing; anything else
 crashes the actor); ``undo(msg, reply)`` for calls handing ownership out (run in a
 later turn when the caller never reads ``reply``; must not fail); ``gives_back=True`` for
 calls returning ownership (run even if the caller left; retries waiters afterwards);

@@ -3,7 +3,7 @@
 Every method returns an awaitable (a coroutine) that makes one actor call (see
 `kvpool.actors` for when a call yields to the event loop).
 Awaited, it returns what the `BlockPool` method of the same name returns and raises the
-same `PoolError` classes, plus `PoolClosed` after the pool shut down and `PoolCrashed`
+same `PoolError` classes, plus `PoolClosedError` after the pool shut down and `PoolCrashedError`
 after the actor died of a bug. Nothing is sent before the awaitable is awaited.
 """
 
@@ -19,7 +19,7 @@ import anyio
 import anyio.lowlevel
 
 from kvpool.actors.core import Actor
-from kvpool.errors import ForeignReservationError, PoolClosed, PoolCrashed
+from kvpool.errors import ForeignReservationError, PoolClosedError, PoolCrashedError
 from kvpool.messages import (
     ActivatePrefix,
     Admission,
@@ -143,7 +143,7 @@ class PoolClient:
         """Send any registered message (an extension's) and return its handler's reply.
 
         Raises what the handler raised, `InvalidArgumentError` for an unregistered
-        kind, `PoolClosed` / `PoolCrashed` once the actor is gone. Cancellation follows
+        kind, `PoolClosedError` / `PoolCrashedError` once the actor is gone. Cancellation follows
         the handler's contract: see `kvpool.actors`.
         """
         return await self._call(message)
@@ -162,7 +162,7 @@ class PoolClient:
         return self._call(_GET_STATS, _stats)
 
     def check_invariants(self) -> Awaitable[None]:
-        """Re-derive the pool's state; a breach crashes the actor (PoolCrashed here).
+        """Re-derive the pool's state; a breach crashes the actor (PoolCrashedError here).
 
         Cancellation: a query; nothing to undo.
         """
@@ -252,7 +252,7 @@ class PoolClient:
         finally:
             if outcome is not None and not outcome.reservation.closed:
                 # The pool being gone takes the reservation with it.
-                with anyio.CancelScope(shield=True), suppress(PoolClosed, PoolCrashed):
+                with anyio.CancelScope(shield=True), suppress(PoolClosedError, PoolCrashedError):
                     await self.cancel(outcome.reservation)
 
     # -------------------------------------------------------------- blocks
@@ -334,7 +334,7 @@ class PoolClient:
         finally:
             if lease.blocks:
                 # The pool being gone takes the blocks with it.
-                with anyio.CancelScope(shield=True), suppress(PoolClosed, PoolCrashed):
+                with anyio.CancelScope(shield=True), suppress(PoolClosedError, PoolCrashedError):
                     await lease.free()
 
     # ----------------------------------------------------------- internals

@@ -24,9 +24,9 @@ import anyio.lowlevel
 
 from kvpool.errors import (
     InvalidArgumentError,
-    InvariantViolation,
-    PoolClosed,
-    PoolCrashed,
+    InvariantViolationError,
+    PoolClosedError,
+    PoolCrashedError,
     PoolError,
 )
 
@@ -51,7 +51,7 @@ class Handler(Generic[M, R]):
     """How the actor runs one message kind.
 
     ``handle(message)`` runs in one actor turn and returns the reply. It must validate
-    before it mutates: raising a `PoolError` (other than `InvariantViolation`) refuses
+    before it mutates: raising a `PoolError` (other than `InvariantViolationError`) refuses
     the request, reaches its caller, and must leave the state unchanged. Any other
     exception is a bug and crashes the actor.
 
@@ -213,7 +213,7 @@ class Actor:
         With ``unwrap`` the caller gets ``unwrap(reply)`` instead (one coroutine less
         for a client method that only picks a field).
 
-        Raises what the handler raised, `PoolClosed` / `PoolCrashed` once the actor is
+        Raises what the handler raised, `PoolClosedError` / `PoolCrashedError` once the actor is
         gone, or `InvalidArgumentError` for a message kind without a handler.
         Cancellation follows the handler's contract (skipped, undone, or run anyway).
         """
@@ -229,12 +229,12 @@ class Actor:
     def _turn_failed(self, exc: BaseException) -> BaseException:
         """A direct turn's handler raised ``exc``: return what its caller must raise.
 
-        A refusal (a `PoolError` other than `InvariantViolation`) is returned as is and
+        A refusal (a `PoolError` other than `InvariantViolationError`) is returned as is and
         changed nothing. Anything else is a bug: the actor crashes and the caller gets
-        `PoolCrashed`; an exception that is not an `Exception` (e.g. KeyboardInterrupt)
+        `PoolCrashedError`; an exception that is not an `Exception` (e.g. KeyboardInterrupt)
         propagates as it is, after the crash.
         """
-        if isinstance(exc, PoolError) and not isinstance(exc, InvariantViolation):
+        if isinstance(exc, PoolError) and not isinstance(exc, InvariantViolationError):
             return exc
         self._crash(exc, None)
         if not isinstance(exc, Exception):
@@ -268,7 +268,7 @@ class Actor:
         self._on_crash = callback
 
     def close(self) -> None:
-        """Handle everything queued, then fail every waiter and later call with PoolClosed.
+        """Handle everything queued, then fail every waiter and later call with PoolClosedError.
 
         Synchronous: handlers never await, so the final drain needs no event loop turn
         and works even while the closing task is being cancelled.
@@ -288,7 +288,9 @@ class Actor:
         while waiters:
             _message, slot, _handler = waiters.popleft()
             if not slot.cancelled():
-                slot.set_exception(PoolClosed("the pool actor shut down before this request fit"))
+                slot.set_exception(
+                    PoolClosedError("the pool actor shut down before this request fit")
+                )
         self._wake()
 
     def _drain(self) -> None:
@@ -306,7 +308,7 @@ class Actor:
             # The common case: a live caller, nobody waiting, nothing given back.
             try:
                 reply = handler.handle(message)
-            except InvariantViolation as exc:
+            except InvariantViolationError as exc:
                 self._crash(exc, slot)
                 return
             except PoolError as exc:
@@ -342,7 +344,7 @@ class Actor:
                     self._dirty = True
                     try:
                         handler.handle(message)
-                    except InvariantViolation:
+                    except InvariantViolationError:
                         raise
                     except PoolError:
                         pass  # a mistake nobody is left to hear about
@@ -353,7 +355,7 @@ class Actor:
                 waiters.append((message, slot, handler))
                 return
             reply = handler.handle(message)
-        except InvariantViolation as exc:
+        except InvariantViolationError as exc:
             self._crash(exc, slot)
             return
         except PoolError as exc:
@@ -388,7 +390,7 @@ class Actor:
                 continue
             try:
                 reply = handler.handle(message)
-            except InvariantViolation as exc:
+            except InvariantViolationError as exc:
                 self._crash(exc, None)
                 return
             except PoolError as exc:
@@ -427,7 +429,7 @@ class Actor:
             self._wake()
 
     def _crash(self, cause: BaseException, slot: ReplySlot | None) -> None:
-        """Fail the current call, everything queued and every waiter with PoolCrashed."""
+        """Fail the current call, everything queued and every waiter with PoolCrashedError."""
         self._status = Status.CRASHED
         self._idle = False
         self._cause = cause
@@ -444,12 +446,12 @@ class Actor:
             self._on_crash()
 
     def gone_error(self) -> PoolError:
-        """The error for a call the actor can no longer serve (PoolCrashed or PoolClosed)."""
+        """The error for a call the actor can no longer serve (crashed or closed)."""
         if self._status is Status.CRASHED:
-            error = PoolCrashed(f"the pool actor crashed: {self._cause!r}")
+            error = PoolCrashedError(f"the pool actor crashed: {self._cause!r}")
             error.__cause__ = self._cause
             return error
-        return PoolClosed("the pool actor has shut down")
+        return PoolClosedError("the pool actor has shut down")
 
 
 def _run_undo(entry: _Undo) -> None:

@@ -2,7 +2,7 @@
 
 Exceptions: neither context manager raises an exception group of its own. An exception
 from the body propagates unchanged. If the actor crashes, the body is cancelled (as a
-failing child cancels a task group) and the block raises `PoolCrashed` whose
+failing child cancels a task group) and the block raises `PoolCrashedError` whose
 ``__cause__`` is the bug; if the body itself raised something other than a cancellation
 meanwhile, that exception wins.
 """
@@ -37,7 +37,7 @@ async def open_pool(
     Raises InvalidArgumentError for a bad capacity, a bad ``yield_every`` or a message
     kind registered twice.
     Leaving the block handles everything already queued, then fails every waiter and
-    every later call with `PoolClosed`. See the module docstring for exceptions.
+    every later call with `PoolClosedError`. See the module docstring for exceptions.
     """
     actor: Actor | None = None
     state = PoolState(BlockPool(capacity), lambda: actor.num_waiters if actor else 0)

@@ -72,7 +72,7 @@ class AsyncioActor(Actor):
             error = self._turn_failed(exc)
             if not budget:
                 yield
-            raise error  # noqa: B904 (the handler's own error, or PoolCrashed with cause)
+            raise error  # noqa: B904 (the handler's own error, or PoolCrashedError with cause)
         if reply is WAIT:
             slot = self._new_future()
             self._waiters.append((message, slot, handler))
@@ -235,7 +235,7 @@ class TrioActor(Actor):
             error = self._turn_failed(exc)
             if not budget:
                 await _checkpoint()
-            raise error  # noqa: B904 (the handler's own error, or PoolCrashed with cause)
+            raise error  # noqa: B904 (the handler's own error, or PoolCrashedError with cause)
         if reply is WAIT:
             slot = _TrioSlot(_current_task())
             self._waiters.append((message, slot, handler))

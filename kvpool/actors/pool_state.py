@@ -15,7 +15,7 @@ from kvpool.actors.core import WAIT, Handler, Wait
 from kvpool.errors import (
     ForeignReservationError,
     InvalidArgumentError,
-    InvariantViolation,
+    InvariantViolationError,
     ReservationClosedError,
 )
 from kvpool.messages import (
@@ -168,7 +168,7 @@ class PoolState:
             # so pinning them again fits without evicting anything.
             outcome = self.pool.reserve(held.activated, 0)
             if outcome is None:
-                raise InvariantViolation("re-pinning an undone prefix did not fit")
+                raise InvariantViolationError("re-pinning an undone prefix did not fit")
             held.parts.append(outcome.reservation)
             held.prefix = held.activated
             held.activated = []

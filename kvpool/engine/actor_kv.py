@@ -155,7 +155,7 @@ class ActorKvClient:
     async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
         """Apply a step's updates, drain the events, read the usage, in one actor turn;
         return the `StepOutcome`. Raises `UnknownRequestError` (nothing changed) for an
-        unknown request, `PoolCrashed` if an update fails half-way (a caller bug).
+        unknown request, `PoolCrashedError` if an update fails half-way (a caller bug).
         Cancellation: runs anyway once posted (it returns blocks); if its reply is never
         read, the drained events are put back."""
         reply: StepFinished = await self._call(FinishStep(updates))
@@ -172,7 +172,7 @@ class ActorKvClient:
 
     async def check_invariants(self) -> None:
         """Check the manager and pool; returns None. A breach crashes the actor
-        (`PoolCrashed`). Cancellation: skipped or simply unread."""
+        (`PoolCrashedError`). Cancellation: skipped or simply unread."""
         await self._client.check_invariants()
 
 

@@ -3,7 +3,7 @@
 The engine talks to its cache only through `KvClient`, so the same scheduler runs over a
 plain `KvManager` in the engine's task (`LocalKvClient`) or over a manager behind the pool
 actor. Every method is a coroutine; what it raises is what `KvManager` raises (a
-`kvpool.errors.PoolError`, nothing changed), plus `PoolClosed`/`PoolCrashed` for an actor.
+`kvpool.errors.PoolError`, nothing changed), plus `PoolClosedError`/`PoolCrashedError` for an actor.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class KvClient(Protocol):
 
     Each call returns and raises what the `KvManager` method of the same name does (a
     `kvpool.errors.PoolError` that changed nothing); an actor-backed client also raises
-    `PoolClosed` / `PoolCrashed` once its actor is gone. Cancellation: an in-process
+    `PoolClosedError` / `PoolCrashedError` once its actor is gone. Cancellation: an in-process
     client never yields, so a call cannot be interrupted; an actor-backed client follows
     the actor's contract (a call is skipped if still queued, undone if it handed
     something out and its reply was never read, and a call giving blocks back runs
@@ -130,7 +130,7 @@ class KvClient(Protocol):
         One call for everything a step does after its schedule. Raises
         `UnknownRequestError` (nothing changed) for an update naming an unknown request;
         a manager error half-way is a bug in the caller (an actor-backed client crashes
-        with `PoolCrashed`).
+        with `PoolCrashedError`).
         """
         ...
 
@@ -144,7 +144,7 @@ class KvClient(Protocol):
 
     async def check_invariants(self) -> None:
         """Re-derive the manager's and the pool's state; returns None, raises
-        `InvariantViolation` (a bug)."""
+        `InvariantViolationError` (a bug)."""
         ...
 
 

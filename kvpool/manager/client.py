@@ -53,7 +53,7 @@ class ManagerClient:
 
     Every method is one actor call (see `kvpool.actors`) and raises what the
     `KvManager` method of the same name raises (a `kvpool.errors.PoolError`, nothing
-    changed), or `PoolClosed` / `PoolCrashed` once the actor is gone.
+    changed), or `PoolClosedError` / `PoolCrashedError` once the actor is gone.
 
     Cancellation, per method: *skipped* means a call cancelled while still queued never
     runs; *undone* means a call the actor ran but whose reply its caller never read is
@@ -172,7 +172,7 @@ class ManagerClient:
 
     async def check_invariants(self) -> None:
         """Re-derive the manager's and the pool's invariants; a breach crashes the actor
-        (this call and every later one raise `PoolCrashed`). Cancellation: skipped or
+        (this call and every later one raise `PoolCrashedError`). Cancellation: skipped or
         simply unread."""
         await self._call(_CHECK)
 
@@ -195,7 +195,7 @@ async def open_manager(
     the manager when the actor builds it (to inspect it; drive it only through the
     client); ``yield_every`` is as for `open_pool`. Raises `InvalidArgumentError` for a
     bad argument. Leaving the block handles everything queued, then fails waiters and
-    later calls with `PoolClosed`; an actor crash makes the block raise `PoolCrashed`
+    later calls with `PoolClosedError`; an actor crash makes the block raise `PoolCrashedError`
     (never an exception group).
     """
     extension = manager_extension(

@@ -31,7 +31,7 @@ from kvpool.errors import (
     CapacityError,
     DuplicateRequestError,
     InvalidArgumentError,
-    InvariantViolation,
+    InvariantViolationError,
     TokenCountError,
     UnknownRequestError,
 )
@@ -354,7 +354,7 @@ class KvManager:
 
     def check_invariants(self) -> None:
         """Re-derive the request-level invariants and the pool's own; raise
-        `InvariantViolation` on any breach (a bug, never a caller's mistake).
+        `InvariantViolationError` on any breach (a bug, never a caller's mistake).
 
         Per request: the computed count fits its tokens and blocks; with prefix caching,
         the watermark is ``computed // block_size`` and every visible block's hash is
@@ -481,7 +481,7 @@ class KvManager:
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise InvariantViolation(message)
+        raise InvariantViolationError(message)
 
 
 __all__ = ["KvManager"]

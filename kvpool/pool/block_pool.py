@@ -33,7 +33,7 @@ from kvpool.errors import (
     ForeignReservationError,
     InvalidArgumentError,
     InvalidHashError,
-    InvariantViolation,
+    InvariantViolationError,
     PoolError,
     PrefixNotResidentError,
     ReservationClosedError,
@@ -544,7 +544,7 @@ class BlockPool:
     # ------------------------------------------------------------- invariants
 
     def check_invariants(self) -> None:
-        """Re-derive all state from scratch; raise `InvariantViolation` on any breach.
+        """Re-derive all state from scratch; raise `InvariantViolationError` on any breach.
 
         The reference's LRU consistency check, plus: every cached copy is indexed exactly
         once, no hash entry is empty, counters match, copies + reserved <= capacity.
@@ -638,7 +638,7 @@ class BlockPool:
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise InvariantViolation(message)
+        raise InvariantViolationError(message)
 
 
 def _bad_hash(value: object) -> NoReturn:
