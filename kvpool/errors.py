@@ -67,6 +67,10 @@ class BlockNotReferencedError(BlockError):
     """A release of a cached copy that holds no request reference."""
 
 
+class BlockSharedError(BlockError):
+    """``unallocate`` of a copy held by more than the reference its allocation gave."""
+
+
 class AlreadyCachedError(BlockError):
     """``cache_private`` of a copy that is already in the prefix cache."""
 

@@ -89,7 +89,7 @@ YIELDS = [pytest.param(1, id="yield-every-call"), pytest.param(YIELD_EVERY, id="
 @pytest.mark.anyio
 @pytest.mark.parametrize("yield_every", YIELDS)
 async def test_reserve_is_all_or_nothing_under_cancellation(yield_every: int) -> None:
-    async with open_pool(8, yield_every=yield_every) as pool:
+    async with open_pool(8) as pool:
         prefix = await _seeded(pool)
 
         async def give_back(outcome: Any) -> None:
@@ -102,7 +102,7 @@ async def test_reserve_is_all_or_nothing_under_cancellation(yield_every: int) ->
 @pytest.mark.anyio
 @pytest.mark.parametrize("yield_every", YIELDS)
 async def test_admit_is_all_or_nothing_under_cancellation(yield_every: int) -> None:
-    async with open_pool(8, yield_every=yield_every) as pool:
+    async with open_pool(8) as pool:
         await _seeded(pool)
 
         async def give_back(admission: Admission | None) -> None:
@@ -132,7 +132,7 @@ async def _drain_reservation(pool: PoolClient, reservation: Any) -> tuple[int, i
 async def test_reservation_spending_calls_are_all_or_nothing_under_cancellation(
     kind: str, yield_every: int
 ) -> None:
-    async with open_pool(8, yield_every=yield_every) as pool:
+    async with open_pool(8) as pool:
         prefix = await _seeded(pool)
         before = await _counts(pool)
         outcomes = set()
@@ -208,7 +208,7 @@ def test_an_unread_reply_is_undone_by_the_actor(
 
     async def scenario() -> None:
         # Every call yields (the budget would let most direct turns finish unyielding).
-        async with open_pool(8, yield_every=1) as pool:
+        async with open_pool(8) as pool:
             prefix = await _seeded(pool)
             before = await _counts(pool)
             for delay in range(6):
@@ -271,7 +271,7 @@ async def test_release_cancel_and_free_take_effect_even_if_the_caller_is_cancell
 @pytest.mark.anyio
 @pytest.mark.parametrize("yield_every", YIELDS)
 async def test_a_call_made_in_a_cancelled_scope_is_undone_or_returned(yield_every: int) -> None:
-    async with open_pool(8, yield_every=yield_every) as pool:
+    async with open_pool(8) as pool:
         returned: dict[str, Any] = {}
         with anyio.CancelScope() as scope:
             scope.cancel()

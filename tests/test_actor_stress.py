@@ -132,7 +132,7 @@ async def test_thousands_of_interrupted_lifecycles_leak_nothing(mode: tuple[int,
     finished = 0
     interrupted = [0]
     with anyio.fail_after(HANG_GUARD):
-        async with open_pool(CAPACITY, yield_every=yield_every) as pool:
+        async with open_pool(CAPACITY) as pool:
             pool._actor.direct_turns = direct
 
             async def one(seed: int) -> None:
@@ -219,7 +219,7 @@ def test_asyncio_timeouts_and_task_cancels_leak_nothing(
 
     async def scenario() -> None:
         rng = random.Random(7)
-        async with open_pool(64, yield_every=yield_every) as pool:
+        async with open_pool(64) as pool:
             pool._actor.direct_turns = direct
             tasks = [
                 asyncio.create_task(_asyncio_worker(pool, random.Random(rng.random())))

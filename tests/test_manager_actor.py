@@ -356,7 +356,7 @@ async def _cancel_after_reply(manager: KvManager, call: Any, replied: Any) -> No
 @pytest.mark.asyncio
 async def test_asyncio_allocation_cancelled_after_the_reply_is_undone() -> None:
     managers: list[KvManager] = []
-    async with open_manager(8, BS, on_create=managers.append, yield_every=1) as kv:
+    async with open_manager(8, BS, on_create=managers.append) as kv:
         (manager,) = managers
         await kv.add_request("a", list(range(9)))
         await _cancel_after_reply(manager, kv.allocate("a", 9), lambda: manager.num_blocks("a") > 0)
@@ -371,7 +371,7 @@ async def test_asyncio_allocation_cancelled_after_the_reply_is_undone() -> None:
 @pytest.mark.asyncio
 async def test_asyncio_drain_cancelled_after_the_reply_loses_no_event() -> None:
     managers: list[KvManager] = []
-    async with open_manager(8, BS, on_create=managers.append, yield_every=1) as kv:
+    async with open_manager(8, BS, on_create=managers.append) as kv:
         (manager,) = managers
         await kv.add_request("a", list(range(8)))
         assert await kv.allocate("a", 8) is not None
@@ -387,7 +387,7 @@ async def test_asyncio_drain_cancelled_after_the_reply_loses_no_event() -> None:
 @pytest.mark.asyncio
 async def test_asyncio_add_request_cancelled_after_the_reply_is_forgotten() -> None:
     managers: list[KvManager] = []
-    async with open_manager(8, BS, on_create=managers.append, yield_every=1) as kv:
+    async with open_manager(8, BS, on_create=managers.append) as kv:
         (manager,) = managers
         await _cancel_after_reply(manager, kv.add_request("a", [1, 2]), lambda: "a" in manager)
         await kv.check_invariants()

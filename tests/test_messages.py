@@ -70,7 +70,7 @@ SAMPLES: list[Message] = [
     FlagReply(False),
     FlagsReply([True, False]),
     DoneReply(),
-    StatsReply(PoolStats(8, 3, 2, 4, 10, 1, 5, 6, 0)),
+    StatsReply(PoolStats(8, 3, 2, 4, 10, 1, 5, 0)),
     AdmitReply(Admission([1, 2, 3], 1, 1, [7])),
     AdmitReply(None),
     ErrorReply("UnknownBlockError", "block 3 is gone"),

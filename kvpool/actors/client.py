@@ -1,56 +1,49 @@
 """The async client of the pool actor: one method per message, plus lease and reservation.
 
-Every method returns an awaitable (a coroutine) that makes one actor call (see
-`kvpool.actors` for when a call yields to the event loop).
-Awaited, it returns what the `BlockPool` method of the same name returns and raises the
-same `PoolError` classes, plus `PoolClosedError` after the pool shut down and `PoolCrashedError`
-after the actor died of a bug. Nothing is sent before the awaitable is awaited.
+Every method is a coroutine that makes one actor call, so it is always a checkpoint.
+It returns what the `BlockPool` method of the same name returns and raises the same
+`PoolError` classes, plus `PoolClosedError` after the pool shut down and
+`PoolCrashedError` after the actor died of a bug. Cancellation: `kvpool.actors`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, Literal, NoReturn, overload
 
 import anyio
 import anyio.lowlevel
 
-from kvpool.actors.core import Actor
+from kvpool.actors.actor import Actor
 from kvpool.errors import ForeignReservationError, PoolClosedError, PoolCrashedError
 from kvpool.messages import (
     ActivatePrefix,
     Admission,
     Admit,
+    AdmitReply,
     AllocateCached,
     AllocatePrivate,
     CacheMany,
     CachePrivate,
     Cancel,
     CheckInvariants,
+    FlagReply,
+    FlagsReply,
     Free,
     GetStats,
     PoolStats,
+    PrefixHitReply,
     QueryPrefix,
     Release,
     Reserve,
+    StatsReply,
 )
 from kvpool.pool import BlockId, PrefixHit
 
 _GET_STATS = GetStats()
 _CHECK_INVARIANTS = CheckInvariants()
-# Replies' fields, picked inside the actor's call: a client method that only unwraps a
-# reply returns that call's coroutine instead of wrapping it in one more.
-_hit = attrgetter("hit")
-_stats = attrgetter("stats")
-_visible = attrgetter("visible")
-_admission = attrgetter("admission")
-
-
-def _nothing(_reply: Any) -> None:
-    return None
 
 
 class ActorReservation:
@@ -150,23 +143,25 @@ class PoolClient:
 
     # ------------------------------------------------------------- queries
 
-    def prefix_hit(self, block_hash: int) -> Awaitable[PrefixHit | None]:
+    async def prefix_hit(self, block_hash: int) -> PrefixHit | None:
         """Whether ``block_hash`` is resident and whether its first copy is in use.
 
         Raises InvalidHashError. Cancellation: a query; nothing to undo.
         """
-        return self._call(QueryPrefix(block_hash), _hit)
+        reply: PrefixHitReply = await self._call(QueryPrefix(block_hash))
+        return reply.hit
 
-    def stats(self) -> Awaitable[PoolStats]:
+    async def stats(self) -> PoolStats:
         """Occupancy plus cumulative counters. Cancellation: a query; nothing to undo."""
-        return self._call(_GET_STATS, _stats)
+        reply: StatsReply = await self._call(_GET_STATS)
+        return reply.stats
 
-    def check_invariants(self) -> Awaitable[None]:
+    async def check_invariants(self) -> None:
         """Re-derive the pool's state; a breach crashes the actor (PoolCrashedError here).
 
         Cancellation: a query; nothing to undo.
         """
-        return self._call(_CHECK_INVARIANTS, _nothing)
+        await self._call(_CHECK_INVARIANTS)
 
     # -------------------------------------------------------- reservations
 
@@ -257,26 +252,27 @@ class PoolClient:
 
     # -------------------------------------------------------------- blocks
 
-    def cache_private(self, block_id: BlockId, block_hash: int) -> Awaitable[bool]:
+    async def cache_private(self, block_id: BlockId, block_hash: int) -> bool:
         """Make a private copy findable; True iff it is the hash's first resident copy.
 
         Raises UnknownBlockError, AlreadyCachedError, InvalidHashError. Cancellation:
         skipped if the actor had not reached it, else it took effect.
         """
-        return self._call(CachePrivate(block_id, block_hash), _visible)
+        reply: FlagReply = await self._call(CachePrivate(block_id, block_hash))
+        return reply.visible
 
-    def release(self, block_id: BlockId) -> Awaitable[None]:
+    async def release(self, block_id: BlockId) -> None:
         """Drop one reference to ``block_id``. Raises UnknownBlockError,
         BlockNotReferencedError. Takes effect once posted, even if the caller is then
         cancelled.
         """
-        return self._call(Release(block_id), _nothing)
+        await self._call(Release(block_id))
 
     # ------------------------------------------------------------- batches
 
-    def admit(
+    async def admit(
         self, chain: Sequence[int], extra: int = 0, *, wait: bool = False
-    ) -> Awaitable[Admission | None]:
+    ) -> Admission | None:
         """In one turn: reuse ``chain``'s resident prefix, allocate the rest and ``extra``.
 
         Returns the `Admission`, or None when it does not fit now and ``wait`` is false
@@ -286,23 +282,25 @@ class PoolClient:
         Cancellation at any point (queued, waiting, replied but unread): either the
         admission is returned, or no trace of it is left (its blocks are freed).
         """
-        return self._call(Admit(chain, extra, wait), _admission)  # type: ignore[arg-type]
+        reply: AdmitReply = await self._call(Admit(chain, extra, wait))  # type: ignore[arg-type]
+        return reply.admission
 
-    def cache_many(self, pairs: Sequence[tuple[BlockId, int]]) -> Awaitable[list[bool]]:
+    async def cache_many(self, pairs: Sequence[tuple[BlockId, int]]) -> list[bool]:
         """`cache_private` for every ``(block_id, hash)`` pair in one turn, all or nothing.
 
         Returns the visibility flags in order. Raises as `cache_private` (naming the
         first bad pair) and changes nothing. Cancellation: as `cache_private`.
         """
-        return self._call(CacheMany(pairs), _visible)  # type: ignore[arg-type]
+        reply: FlagsReply = await self._call(CacheMany(pairs))  # type: ignore[arg-type]
+        return reply.visible
 
-    def free(self, block_ids: Sequence[BlockId]) -> Awaitable[None]:
+    async def free(self, block_ids: Sequence[BlockId]) -> None:
         """Release every block, last first (leaf first), all or nothing.
 
         Raises InvalidArgumentError, UnknownBlockError, BlockNotReferencedError and
         releases nothing. Takes effect once posted, even if the caller is then cancelled.
         """
-        return self._call(Free(block_ids), _nothing)  # type: ignore[arg-type]
+        await self._call(Free(block_ids))  # type: ignore[arg-type]
 
     @overload
     def lease(

@@ -1,10 +1,10 @@
-"""`open_pool` and `open_actor`: run an actor task for the life of an ``async with`` block.
+"""`open_actor` and `open_pool`: run an actor task for the life of an ``async with`` block.
 
-Exceptions: neither context manager raises an exception group of its own. An exception
-from the body propagates unchanged. If the actor crashes, the body is cancelled (as a
-failing child cancels a task group) and the block raises `PoolCrashedError` whose
-``__cause__`` is the bug; if the body itself raised something other than a cancellation
-meanwhile, that exception wins.
+Neither context manager raises an exception group of its own. An exception from the
+body propagates unchanged. If the actor crashes, the body is cancelled (as a failing
+child cancels a task group) and the block raises `PoolCrashedError` whose ``__cause__``
+is the bug; if the body itself raised something other than a cancellation meanwhile,
+that exception wins.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeAlias
 
 import anyio
+import sniffio
 
+from kvpool.actors.actor import Actor, Handler, Status
 from kvpool.actors.client import PoolClient
-from kvpool.actors.core import YIELD_EVERY, Actor, Handler, Status
-from kvpool.actors.loops import new_actor
-from kvpool.actors.pool_state import PoolState, extension_handlers
+from kvpool.actors.pool_state import PoolState
+from kvpool.actors.slots import SlotKind, asyncio_slots, trio_slots
+from kvpool.errors import InvalidArgumentError
 from kvpool.pool import BlockPool
 
 Extension: TypeAlias = Callable[[PoolState], Mapping[type[Any], Handler[Any, Any]]]
@@ -27,46 +29,40 @@ Extension: TypeAlias = Callable[[PoolState], Mapping[type[Any], Handler[Any, Any
 
 @asynccontextmanager
 async def open_pool(
-    capacity: int, *, extensions: Sequence[Extension] = (), yield_every: int = YIELD_EVERY
+    capacity: int, *, extensions: Sequence[Extension] = ()
 ) -> AsyncIterator[PoolClient]:
     """Start a pool actor owning ``BlockPool(capacity)``; yield its client.
 
     ``extensions`` plug extra message kinds into the same actor (see `kvpool.actors`).
-    ``yield_every``: a caller of the idle actor passes a checkpoint once every this many
-    calls (a cooperative budget, `YIELD_EVERY`); 1 makes every call a checkpoint.
-    Raises InvalidArgumentError for a bad capacity, a bad ``yield_every`` or a message
-    kind registered twice.
+    Raises `InvalidArgumentError` for a bad capacity or a message kind registered twice.
     Leaving the block handles everything already queued, then fails every waiter and
-    every later call with `PoolClosedError`. See the module docstring for exceptions.
+    every later call with `PoolClosedError`.
     """
-    actor: Actor | None = None
-    state = PoolState(BlockPool(capacity), lambda: actor.num_waiters if actor else 0)
-    actor = new_actor(extension_handlers(state, extensions), yield_every=yield_every)
-    async with _hosted(actor):
+    state = PoolState(BlockPool(capacity))
+    table = state.handlers()
+    for extension in extensions:
+        for kind, handler in extension(state).items():
+            if kind in table:
+                raise InvalidArgumentError(f"message kind {kind.__name__} is registered twice")
+            table[kind] = handler
+    async with open_actor(table) as actor:
+        state.count_waiters = lambda: actor.num_waiters
         yield PoolClient(actor, capacity)
 
 
 @asynccontextmanager
-async def open_actor(
-    handlers: Mapping[type[Any], Handler[Any, Any]], *, yield_every: int = YIELD_EVERY
-) -> AsyncIterator[Actor]:
-    """Start a bare actor over ``handlers`` (any state, no pool); yield it (`Actor.call`).
+async def open_actor(handlers: Mapping[type[Any], Handler[Any, Any]]) -> AsyncIterator[Actor]:
+    """Start an actor over ``handlers`` (any state they close over); yield it.
 
-    Same life cycle, ``yield_every`` and exception rules as `open_pool`.
+    Same life cycle and exception rules as `open_pool`; send messages with `Actor.call`.
     """
-    actor = new_actor(handlers, yield_every=yield_every)
-    async with _hosted(actor):
-        yield actor
-
-
-@asynccontextmanager
-async def _hosted(actor: Actor) -> AsyncIterator[None]:
+    actor = Actor(handlers, _slots_for_this_loop())
     body_error: BaseException | None = None
     async with anyio.create_task_group() as task_group:
         actor.set_crash_callback(task_group.cancel_scope.cancel)
         task_group.start_soon(_serve, actor)
         try:
-            yield
+            yield actor
         except BaseException as exc:
             # Kept out of the task group, which would wrap it in an exception group.
             body_error = exc
@@ -81,7 +77,16 @@ async def _hosted(actor: Actor) -> AsyncIterator[None]:
 
 
 async def _serve(actor: Actor) -> None:
-    # Shielded: the actor must keep serving (e.g. a lease's shielded free on the way out)
-    # until the host closes it, even while an enclosing scope is being cancelled.
+    # Shielded: the actor keeps serving (a cancelled task's give-backs, the queued work
+    # at close) until the host closes it, even while an enclosing scope is cancelled.
     with anyio.CancelScope(shield=True):
         await actor.run()
+
+
+def _slots_for_this_loop() -> SlotKind:
+    library = sniffio.current_async_library()
+    if library == "trio":
+        return trio_slots()
+    if library == "asyncio":
+        return asyncio_slots()
+    raise RuntimeError(f"kvpool's actor runs on asyncio or trio, not {library!r}")

@@ -8,11 +8,12 @@ can give the reservation back exactly what the call took.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeGuard
 
-from kvpool.actors.core import WAIT, Handler, Wait
+from kvpool.actors.actor import WAIT, Handler, Wait
 from kvpool.errors import (
+    BlockSharedError,
     ForeignReservationError,
     InvalidArgumentError,
     InvariantViolationError,
@@ -69,38 +70,18 @@ class PoolState:
     """Everything the pool actor owns; its handlers are the only code that touches it.
 
     Extensions get this object: ``pool`` is the `BlockPool` they may drive from their
-    own handlers (in the same turn-by-turn discipline), and `record_reserve` keeps the
-    statistics honest when they reserve on their own.
+    own handlers (in the same turn-by-turn discipline). The pool counts its own reserves
+    and evictions (`BlockPool.reserves`).
     """
 
-    __slots__ = (
-        "_count_waiters",
-        "_held",
-        "_next_handle",
-        "admissions",
-        "evictions",
-        "pool",
-        "reserve_failures",
-        "reserves",
-    )
+    __slots__ = ("_held", "_next_handle", "count_waiters", "pool")
 
-    def __init__(self, pool: BlockPool, count_waiters: Callable[[], int]) -> None:
+    def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
-        self._count_waiters = count_waiters
+        self.count_waiters: Callable[[], int] = lambda: 0
+        """The actor's FIFO length, for `stats` (set by the host once the actor exists)."""
         self._held: dict[int, _Held] = {}
         self._next_handle = 1
-        self.reserves = 0
-        self.reserve_failures = 0
-        self.evictions = 0
-        self.admissions = 0
-
-    def record_reserve(self, removed: Sequence[int] | None) -> None:
-        """Count one reserve: None when it did not fit, else the hashes it removed."""
-        if removed is None:
-            self.reserve_failures += 1
-        else:
-            self.reserves += 1
-            self.evictions += len(removed)
 
     def handlers(self) -> dict[type[Any], Handler[Any, Any]]:
         """The pool protocol's handler table."""
@@ -111,8 +92,8 @@ class PoolState:
             Free: Handler(self.free, gives_back=True),
             Reserve: Handler(self.reserve, undo=self.undo_reserve),
             ActivatePrefix: Handler(self.activate_prefix, undo=self.undo_activate_prefix),
-            AllocatePrivate: Handler(self.allocate_private, undo=self.undo_allocate_private),
-            AllocateCached: Handler(self.allocate_cached, undo=self.undo_allocate_cached),
+            AllocatePrivate: Handler(self.allocate_private, undo=self.undo_allocate),
+            AllocateCached: Handler(self.allocate_cached, undo=self.undo_allocate),
             CachePrivate: Handler(self.cache_private),
             Release: Handler(self.release, gives_back=True),
             Cancel: Handler(self.cancel, gives_back=True),
@@ -131,10 +112,8 @@ class PoolState:
     def reserve(self, message: Reserve) -> ReserveReply:
         outcome = self.pool.reserve(message.prefix, message.fresh)
         if outcome is None:
-            self.reserve_failures += 1
             return _NO_ROOM
         reservation = outcome.reservation
-        self.record_reserve(outcome.removed)
         handle = self._next_handle
         self._next_handle = handle + 1
         self._held[handle] = _Held(reservation, list(message.prefix))
@@ -142,7 +121,6 @@ class PoolState:
 
     def undo_reserve(self, message: Reserve, reply: ReserveReply) -> None:
         if reply.reservation is not None:
-            self.reserves -= 1  # counters count what callers got; evictions stay counted
             held = self._held.pop(reply.reservation, None)
             if held is not None:
                 for part in held.parts:
@@ -177,21 +155,28 @@ class PoolState:
         part = self._part_with_fresh(self._lookup(message.reservation))
         return BlockReply(self.pool.allocate_private(part))
 
-    def undo_allocate_private(self, message: AllocatePrivate, reply: BlockReply) -> None:
-        # Releasing a private copy frees its slot, so reserving it again cannot evict.
-        self.pool.release(reply.block_id)  # type: ignore[arg-type]
-        self._top_up(message.reservation)
-
     def allocate_cached(self, message: AllocateCached) -> CachedBlockReply:
         part = self._part_with_fresh(self._lookup(message.reservation))
         block_id, visible = self.pool.allocate_cached(part, message.block_hash)
         return CachedBlockReply(block_id, visible)
 
-    def undo_allocate_cached(self, message: AllocateCached, reply: CachedBlockReply) -> None:
-        # The copy stays cached (inactive, evictable); the unit comes back to the
-        # reservation from free capacity or by evicting the LRU head, if anything can go.
-        self.pool.release(reply.block_id)  # type: ignore[arg-type]
-        self._top_up(message.reservation)
+    def undo_allocate(
+        self, message: AllocatePrivate | AllocateCached, reply: BlockReply | CachedBlockReply
+    ) -> None:
+        """The copy leaves the pool and its unit returns to the reservation (or to free
+        capacity if the reservation was cancelled since): exactly as before the call."""
+        held = self._held.get(message.reservation)
+        part = None if held is None else held.parts[0]
+        try:
+            self.pool.unallocate(reply.block_id, part)  # type: ignore[arg-type]
+        except BlockSharedError:
+            # Another request found the cached copy since: it stays, idle once they
+            # release it, and the unit comes back from free or evictable capacity.
+            self.pool.release(reply.block_id)  # type: ignore[arg-type]
+            if held is not None:
+                outcome = self.pool.reserve((), 1)
+                if outcome is not None:
+                    held.parts.append(outcome.reservation)
 
     def cache_private(self, message: CachePrivate) -> FlagReply:
         return FlagReply(self.pool.cache_private(message.block_id, message.block_hash))  # type: ignore[arg-type]
@@ -215,11 +200,10 @@ class PoolState:
                 num_active=pool.num_active(),
                 num_inactive=pool.num_inactive(),
                 num_active_refs=pool.num_active_refs(),
-                reserves=self.reserves,
-                reserve_failures=self.reserve_failures,
-                evictions=self.evictions,
-                admissions=self.admissions,
-                waiters=self._count_waiters(),
+                reserves=pool.reserves,
+                reserve_failures=pool.reserve_failures,
+                evictions=pool.evictions,
+                waiters=self.count_waiters(),
             )
         )
 
@@ -235,19 +219,11 @@ class PoolState:
             raise InvalidArgumentError(f"chain must be a sequence of ints, got {chain!r}")
         admission = self.pool.admit(chain, message.extra)
         if admission is None:
-            if message.wait:
-                return WAIT  # retried from the FIFO; counted once it is granted
-            self.reserve_failures += 1
-            return _NOT_ADMITTED
-        self.reserves += 1  # record_reserve, written out on this hot path
-        self.evictions += len(admission.removed)
-        self.admissions += 1
+            return WAIT if message.wait else _NOT_ADMITTED
         return AdmitReply(admission)
 
     def undo_admit(self, message: Admit, reply: AdmitReply) -> None:
         if reply.admission is not None:
-            self.reserves -= 1  # counters count what callers got; evictions stay counted
-            self.admissions -= 1
             self._release_leaf_first(reply.admission.blocks)
 
     def cache_many(self, message: CacheMany) -> FlagsReply:
@@ -274,16 +250,6 @@ class PoolState:
                 return part
         return held.parts[0]  # the pool raises ReservationExhaustedError for it
 
-    def _top_up(self, handle: int) -> None:
-        """Give one fresh unit back to reservation ``handle`` if it is still open."""
-        held = self._held.get(handle)
-        if held is None:
-            return
-        outcome = self.pool.reserve((), 1)
-        if outcome is not None:
-            self.evictions += len(outcome.removed)  # not a caller's reserve: not counted
-            held.parts.append(outcome.reservation)
-
     def _release_leaf_first(self, block_ids: Sequence[int]) -> None:
         """Release the last block first, all or nothing (the pool checks every id first)."""
         self.pool.release_many(block_ids[::-1])  # type: ignore[arg-type]
@@ -305,17 +271,3 @@ def is_sequence(value: object) -> TypeGuard[Sequence[Any]]:
     if kind is list or kind is tuple:
         return True
     return isinstance(value, Sequence) and not isinstance(value, str | bytes)
-
-
-def extension_handlers(
-    state: PoolState,
-    extensions: Sequence[Callable[[PoolState], Mapping[type[Any], Handler[Any, Any]]]],
-) -> dict[type[Any], Handler[Any, Any]]:
-    """The pool's handlers plus every extension's; a kind registered twice is an error."""
-    table = state.handlers()
-    for extension in extensions:
-        for kind, handler in extension(state).items():
-            if kind in table:
-                raise InvalidArgumentError(f"message kind {kind.__name__} is registered twice")
-            table[kind] = handler
-    return table

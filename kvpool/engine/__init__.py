@@ -2,20 +2,13 @@
 
 `MockEngine` schedules requests through one pool (see `kvpool.engine.engine` for the
 rules), `Simulation` runs several engines on a workload in simulated time,
-`run_simulation` opens one KV client per engine (a pool actor each, `open_actor_kv`, or
-an inline manager, `open_local_kv`), runs, and returns the `Report`.
+`run_simulation` opens one KV client per engine (a manager actor each, `open_actor_kv`,
+or an inline manager, `open_local_kv`), runs, and returns the `Report`.
 """
 
 from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
 from kvpool.engine.engine import MockEngine, StepResult
-from kvpool.engine.kv_client import (
-    KvClient,
-    KvUsage,
-    LocalKvClient,
-    StepOutcome,
-    StepUpdate,
-    TimedKvClient,
-)
+from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.report import (
     Distribution,
@@ -48,9 +41,7 @@ __all__ = [
     "Report",
     "Simulation",
     "SimulationRun",
-    "StepOutcome",
     "StepResult",
-    "StepUpdate",
     "TimedKvClient",
     "TimingModel",
     "WorkerReport",

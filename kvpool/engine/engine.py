@@ -41,11 +41,12 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvpool.engine.config import EngineConfig
-from kvpool.engine.kv_client import KvClient, KvUsage, StepUpdate
+from kvpool.engine.kv_client import KvClient, KvUsage
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEventBatch
+from kvpool.manager import StepUpdate
 from kvpool.workloads import RequestSpec
 
 
@@ -231,7 +232,6 @@ class MockEngine:
                 if allocation is not None:
                     self._num_active += len(allocation.block_ids)  # fresh blocks only
                     request.num_blocks += len(allocation.block_ids)
-                    self.stats.evictions += len(allocation.removed)
                     fits = True
                     break
                 victim_index = len(running) - 1 if lifo else 0
@@ -284,11 +284,6 @@ class MockEngine:
             self._num_active += fresh + inactive_cached
             request.num_blocks = len(allocation.block_ids)
             request.num_computed = cached
-            stats = self.stats
-            stats.evictions += len(allocation.removed)
-            if caching:
-                stats.prefix_query_tokens += request.num_tokens
-                stats.prefix_hit_tokens += cached
             running.append(request)
             scheduled[request] = num_new
             budget -= num_new
@@ -388,6 +383,10 @@ class MockEngine:
                     )
                 )
         self._num_active = outcome.usage.num_active
+        # The pool counts evictions and the manager prefix queries and hits: read them.
+        stats.evictions = outcome.stats.evictions
+        stats.prefix_query_tokens = outcome.stats.prefix_query_tokens
+        stats.prefix_hit_tokens = outcome.stats.prefix_hit_tokens
         stats.sample_times.append(now)
         stats.usage.append(outcome.usage.fraction)
         stats.query_samples.append(stats.prefix_query_tokens)

@@ -1,9 +1,10 @@
 """The engine's async view of one KV manager, and its in-process implementation.
 
 The engine talks to its cache only through `KvClient`, so the same scheduler runs over a
-plain `KvManager` in the engine's task (`LocalKvClient`) or over a manager behind the pool
-actor. Every method is a coroutine; what it raises is what `KvManager` raises (a
-`kvpool.errors.PoolError`, nothing changed), plus `PoolClosedError`/`PoolCrashedError` for an actor.
+plain `KvManager` in the engine's task (`LocalKvClient`) or over a manager behind its
+own actor (`kvpool.manager.ManagerClient`, which is a `KvClient` as it is). Every method
+is a coroutine; what it raises is what `KvManager` raises (a `kvpool.errors.PoolError`,
+nothing changed), plus `PoolClosedError` / `PoolCrashedError` for an actor.
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Protocol, TypeVar
 
-import msgspec
-
-from kvpool.errors import UnknownRequestError
 from kvpool.events import KVEvent
-from kvpool.manager import Allocation, KvManager, ManagerStats, PoolUsage, PrefillCost
+from kvpool.manager import (
+    Allocation,
+    KvManager,
+    ManagerStats,
+    PoolUsage,
+    PrefillCost,
+    StepOutcome,
+    StepUpdate,
+)
 from kvpool.pool import BlockPool
 
 _T = TypeVar("_T")
@@ -26,37 +32,14 @@ KvUsage = PoolUsage
 reserved, ``num_inactive`` evictable ones, ``capacity``; ``fraction`` is the KV usage."""
 
 
-class StepUpdate(msgspec.Struct, frozen=True, gc=False, array_like=True):
-    """What one request's step leaves for the manager, applied in this order.
-
-    ``append``: generated tokens to append; ``computed``: the new computed-token count to
-    mark (-1: the watermark does not move); ``free``: the request finished.
-    """
-
-    request_id: str
-    append: list[int]
-    computed: int
-    free: bool
-
-
-class StepOutcome(msgspec.Struct, frozen=True, gc=False):
-    """After a step's updates: the events they (and the step's allocations) queued,
-    drained, and the pool's occupancy."""
-
-    events: list[KVEvent]
-    usage: KvUsage
-
-
 class KvClient(Protocol):
     """What the engine needs from its KV manager: `KvManager`'s calls, awaited.
 
     Each call returns and raises what the `KvManager` method of the same name does (a
     `kvpool.errors.PoolError` that changed nothing); an actor-backed client also raises
-    `PoolClosedError` / `PoolCrashedError` once its actor is gone. Cancellation: an in-process
-    client never yields, so a call cannot be interrupted; an actor-backed client follows
-    the actor's contract (a call is skipped if still queued, undone if it handed
-    something out and its reply was never read, and a call giving blocks back runs
-    anyway), documented on `ActorKvClient`.
+    `PoolClosedError` / `PoolCrashedError` once its actor is gone. Cancellation: an
+    in-process client never yields, so a call cannot be interrupted; an actor-backed
+    client follows the actor's contract (`kvpool.actors`).
     """
 
     @property
@@ -148,32 +131,6 @@ class KvClient(Protocol):
         ...
 
 
-def check_step(manager: KvManager, updates: list[StepUpdate]) -> None:
-    """Raise `UnknownRequestError` if an update names a request the manager does not know."""
-    for update in updates:
-        if update.request_id not in manager:
-            raise UnknownRequestError(f"request {update.request_id!r} is not registered")
-
-
-def apply_step(manager: KvManager, updates: list[StepUpdate]) -> StepOutcome:
-    """`KvClient.finish_step` on a `KvManager`: the updates, then the events and usage.
-
-    Raises `UnknownRequestError`, changing nothing, if an update names an unknown request.
-    """
-    check_step(manager, updates)
-    for update in updates:
-        request_id = update.request_id
-        if update.append:
-            manager.append_tokens(request_id, update.append)
-        if update.computed >= 0:
-            manager.mark_computed(request_id, update.computed)
-        if update.free:
-            manager.free(request_id)
-    pool = manager.pool
-    usage = KvUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
-    return StepOutcome(manager.take_events(), usage)
-
-
 class LocalKvClient:
     """`KvClient` over a `KvManager` owned by the caller's task: calls run inline.
 
@@ -233,7 +190,7 @@ class LocalKvClient:
         return self._manager.take_events()
 
     async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
-        return apply_step(self._manager, updates)
+        return self._manager.finish_step(updates)
 
     async def usage(self) -> KvUsage:
         pool = self._pool

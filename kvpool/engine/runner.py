@@ -14,6 +14,7 @@ from kvpool.engine.report import Report, build_report
 from kvpool.engine.simulation import Dispatch, ProgressCallback, Simulation
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink
+from kvpool.manager import open_manager
 from kvpool.workloads import RequestSpec
 
 KvFactory = Callable[[EngineConfig, int], AbstractAsyncContextManager[KvClient]]
@@ -21,7 +22,7 @@ KvFactory = Callable[[EngineConfig, int], AbstractAsyncContextManager[KvClient]]
 
 
 @asynccontextmanager
-async def open_local_kv(config: EngineConfig, rank: int) -> AsyncIterator[KvClient]:
+async def open_local_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[KvClient]:
     """A `LocalKvClient` over a fresh pool and manager sized by ``config``."""
     yield LocalKvClient.create(
         config.num_gpu_blocks,
@@ -30,12 +31,16 @@ async def open_local_kv(config: EngineConfig, rank: int) -> AsyncIterator[KvClie
     )
 
 
-def open_actor_kv(config: EngineConfig, rank: int) -> AbstractAsyncContextManager[KvClient]:
-    """An `ActorKvClient`: the manager behind its own pool actor (started and stopped
-    with the context), one `FinishStep` turn per engine step."""
-    from kvpool.engine.actor_kv import open_actor_kv as open_actor
-
-    return open_actor(config, rank)
+@asynccontextmanager
+async def open_actor_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[KvClient]:
+    """A `kvpool.manager.ManagerClient`: the manager behind its own actor (started and
+    stopped with the context), one `FinishStep` turn per engine step."""
+    async with open_manager(
+        config.num_gpu_blocks,
+        config.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+    ) as kv:
+        yield kv
 
 
 KV_BACKENDS: dict[str, KvFactory] = {"actor": open_actor_kv, "local": open_local_kv}

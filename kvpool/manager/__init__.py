@@ -1,8 +1,8 @@
 """The request-level KV manager: block tables over a `BlockPool`, router-visible events.
 
 `KvManager` is synchronous and I/O-free (see `kvpool.manager.kv_manager` for its rules).
-`open_manager` / `ManagerClient` run it inside the pool actor (`kvpool.manager.client`);
-they are imported lazily, so ``import kvpool.manager`` does not load the actor.
+`open_manager` / `ManagerClient` run it inside an actor (`kvpool.manager.client`); they
+are imported lazily, so ``import kvpool.manager`` does not load the actor.
 """
 
 from __future__ import annotations
@@ -10,11 +10,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvpool.manager.kv_manager import KvManager
-from kvpool.manager.types import Allocation, ManagerStats, PoolUsage, PrefillCost
+from kvpool.manager.types import (
+    Allocation,
+    ManagerStats,
+    PoolUsage,
+    PrefillCost,
+    StepOutcome,
+    StepUpdate,
+)
 
 if TYPE_CHECKING:
     from kvpool.manager.client import ManagerClient, open_manager
-    from kvpool.manager.handlers import manager_extension
 
 __all__ = [
     "Allocation",
@@ -23,14 +29,14 @@ __all__ = [
     "ManagerStats",
     "PoolUsage",
     "PrefillCost",
-    "manager_extension",
+    "StepOutcome",
+    "StepUpdate",
     "open_manager",
 ]
 
 _LAZY = {
     "ManagerClient": "kvpool.manager.client",
     "open_manager": "kvpool.manager.client",
-    "manager_extension": "kvpool.manager.handlers",
 }
 
 

@@ -1,9 +1,10 @@
-"""The manager behind the pool actor: `open_manager` and the async `ManagerClient`.
+"""The manager's actor: `open_manager` and its async `ManagerClient`.
 
-One actor task owns the `BlockPool` and a `KvManager` over it (`manager_extension`), so
-request-level calls from any number of tasks are serialized, each one atomic, and the
+One actor task owns a `BlockPool` and a `KvManager` over it (`kvpool.manager.handlers`),
+so request-level calls from any number of tasks are serialized, each one atomic, and the
 router-visible events leave in the order the actor produced them. Works on asyncio,
-asyncio+uvloop and trio.
+asyncio+uvloop and trio. `ManagerClient` is also the engine's actor-backed KV client
+(`kvpool.engine.KvClient`).
 
 Example::
 
@@ -21,9 +22,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
-from kvpool.actors import YIELD_EVERY, Extension, PoolClient, open_pool
+from kvpool.actors import Actor, open_actor
 from kvpool.events import KVEvent, KVEventBatch
-from kvpool.manager.handlers import manager_extension
+from kvpool.manager.handlers import ManagerHandlers
 from kvpool.manager.kv_manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
@@ -32,6 +33,7 @@ from kvpool.manager.messages import (
     AppendTokens,
     CheckManager,
     EventsReply,
+    FinishStep,
     FreeRequest,
     GetManagerStats,
     GetPrefillCost,
@@ -41,7 +43,15 @@ from kvpool.manager.messages import (
     PrefillCostReply,
     TakeEvents,
 )
-from kvpool.manager.types import Allocation, ManagerStats, PoolUsage, PrefillCost
+from kvpool.manager.types import (
+    Allocation,
+    ManagerStats,
+    PoolUsage,
+    PrefillCost,
+    StepOutcome,
+    StepUpdate,
+)
+from kvpool.pool import BlockPool
 
 _TAKE_EVENTS = TakeEvents()
 _GET_STATS = GetManagerStats()
@@ -49,29 +59,23 @@ _CHECK = CheckManager()
 
 
 class ManagerClient:
-    """The handle `open_manager` yields; usable from any task on the same event loop.
+    """The handle `open_manager` yields; usable from any task on the actor's loop.
 
-    Every method is one actor call (see `kvpool.actors`) and raises what the
+    Every method is one actor call, always a checkpoint, and raises what the
     `KvManager` method of the same name raises (a `kvpool.errors.PoolError`, nothing
-    changed), or `PoolClosedError` / `PoolCrashedError` once the actor is gone.
-
-    Cancellation, per method: *skipped* means a call cancelled while still queued never
-    runs; *undone* means a call the actor ran but whose reply its caller never read is
-    given back in a later turn; *runs anyway* means it takes effect once posted.
+    changed), or `PoolClosedError` / `PoolCrashedError` once the actor is gone. What
+    cancellation does to each call: `kvpool.manager.handlers`, under the contract in
+    `kvpool.actors`.
     """
 
-    __slots__ = ("_call", "block_size", "pool")
+    __slots__ = ("_call", "block_size", "capacity")
 
-    def __init__(self, pool: PoolClient, block_size: int) -> None:
-        self.pool = pool
-        """The pool actor's own client: pool-level calls on the same actor."""
-        self.block_size = block_size
-        self._call = pool.call
-
-    @property
-    def capacity(self) -> int:
+    def __init__(self, actor: Actor, capacity: int, block_size: int) -> None:
+        self._call = actor.call
+        self.capacity = capacity
         """Blocks in the pool."""
-        return self.pool.capacity
+        self.block_size = block_size
+        """Tokens per block."""
 
     async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
         """Register a request with its prompt; returns None.
@@ -79,7 +83,7 @@ class ManagerClient:
         Raises `DuplicateRequestError`, `InvalidArgumentError`. Cancellation: skipped,
         or undone (the request is forgotten again while it holds no block).
         """
-        await self._call(AddRequest(request_id, _as_list(prompt_token_ids)))
+        await self._call(AddRequest(request_id, prompt_token_ids))  # type: ignore[arg-type]
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Append decoded tokens to a request; returns None.
@@ -87,7 +91,7 @@ class ManagerClient:
         Raises `UnknownRequestError`, `InvalidArgumentError`. Cancellation: skipped if
         still queued; otherwise it took effect (it hands nothing out to undo).
         """
-        await self._call(AppendTokens(request_id, _as_list(token_ids)))
+        await self._call(AppendTokens(request_id, token_ids))  # type: ignore[arg-type]
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         """Return what the request's next allocation of all its tokens needs now.
@@ -137,6 +141,12 @@ class ManagerClient:
         """
         await self._call(PreemptRequest(request_id))
 
+    async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
+        """Apply a step's updates, drain the events, read occupancy and counters, in one
+        turn; return the `StepOutcome`. Raises as `KvManager.finish_step`."""
+        outcome: StepOutcome = await self._call(FinishStep(updates))
+        return outcome
+
     async def take_events(self) -> list[KVEvent]:
         """Drain and return the queued KV events, oldest first.
 
@@ -184,43 +194,22 @@ async def open_manager(
     *,
     enable_prefix_caching: bool = True,
     medium: str | None = "GPU",
-    extensions: Sequence[Extension] = (),
     on_create: Callable[[KvManager], None] | None = None,
-    yield_every: int = YIELD_EVERY,
 ) -> AsyncIterator[ManagerClient]:
-    """Start a pool actor owning ``BlockPool(capacity)`` and a `KvManager` over it;
-    yield its `ManagerClient` (``.pool`` is the pool-level client of the same actor).
+    """Start an actor owning ``BlockPool(capacity)`` and a `KvManager` over it; yield
+    its `ManagerClient`.
 
-    ``extensions`` add further message kinds to the same actor; ``on_create`` receives
-    the manager when the actor builds it (to inspect it; drive it only through the
-    client); ``yield_every`` is as for `open_pool`. Raises `InvalidArgumentError` for a
-    bad argument. Leaving the block handles everything queued, then fails waiters and
-    later calls with `PoolClosedError`; an actor crash makes the block raise `PoolCrashedError`
-    (never an exception group).
+    ``on_create`` receives the manager as it is built (to inspect it; drive it only
+    through the client). Raises `InvalidArgumentError` for a bad argument, before any
+    task starts. Life cycle and exceptions are `kvpool.actors.open_actor`'s.
     """
-    extension = manager_extension(
-        block_size,
-        enable_prefix_caching=enable_prefix_caching,
-        medium=medium,
-        on_create=on_create,
+    manager = KvManager(
+        BlockPool(capacity), block_size, enable_prefix_caching=enable_prefix_caching, medium=medium
     )
-    async with open_pool(
-        capacity, extensions=[extension, *extensions], yield_every=yield_every
-    ) as pool:
-        yield ManagerClient(pool, block_size)
-
-
-def _as_list(token_ids: Sequence[int]) -> list[int]:
-    """The wire type is list[int]; the actor's manager validates the contents. Only a
-    non-text sequence is converted: anything else (text, bytes, a set, an iterator, a
-    non-iterable) reaches the manager as it is and is refused there, typed."""
-    if (
-        type(token_ids) is list
-        or not isinstance(token_ids, Sequence)
-        or isinstance(token_ids, str | bytes | bytearray | memoryview)
-    ):
-        return token_ids  # type: ignore[return-value]
-    return list(token_ids)
+    if on_create is not None:
+        on_create(manager)
+    async with open_actor(ManagerHandlers(manager).table()) as actor:
+        yield ManagerClient(actor, capacity, block_size)
 
 
 __all__ = ["ManagerClient", "open_manager"]

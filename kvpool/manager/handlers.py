@@ -1,30 +1,27 @@
-"""The manager as a pool-actor extension: its operations as handlers of message kinds.
+"""The manager's actor: its operations as handlers, over a pool nothing else touches.
 
-The actor owns the `BlockPool`; `manager_extension` builds a `KvManager` over it and
-returns one `Handler` per message kind of `kvpool.manager.messages`, so request-level
-calls are turns of the same actor as the pool's own calls, atomic with respect to them.
+`manager_handlers` builds a `KvManager` over a fresh `BlockPool` and returns one
+`Handler` per message kind of `kvpool.manager.messages`. The actor that runs them owns
+both: no pool-level mutation is exposed beside the manager's own calls, so a block
+table can never be changed behind the manager's back.
 
-Cancellation (the actor's contract, `kvpool.actors.core.Handler`): a call whose caller
-left before the actor reached it is skipped. A call the actor already ran whose reply
-is never read is *undone* when it handed something to its caller:
-- `AllocateSlots`: `KvManager.undo_allocation` releases the blocks it added, leaf
-  first, and clips the computed count. Events are not taken back: a BlockRemoved for
-  what its reserve evicted stays queued (those hashes really are gone), and blocks
-  made visible since stay resident (idle in the LRU), so the router's view stays true.
-- `TakeEvents`: the events are put back ahead of newer ones (nothing is lost).
-- `AddRequest`: the request is forgotten again if it still holds no block.
-`FreeRequest` and `PreemptRequest` give capacity back: they run even if their caller
-stopped waiting, and the actor then retries its waiters. `AppendTokens` and
-`MarkComputed` take effect if the actor reached them (re-sending the same computed count
-is harmless: it is monotonic, not additive).
+What each kind does under cancellation (the contract: `kvpool.actors`):
+- `AllocateSlots` hands blocks out: undone by `KvManager.undo_allocation` (released
+  leaf first, computed count clipped). A BlockRemoved for what its reserve evicted
+  stays queued, as those hashes really are gone.
+- `TakeEvents` hands events out: undone by putting them back ahead of newer ones.
+- `AddRequest`: undone by forgetting the request again while it holds no block.
+- `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
+  their caller left; an unread `FinishStep` reply's events are put back.
+- `AppendTokens` and `MarkComputed` took effect if the actor reached them (the computed
+  count is a watermark, so re-sending it is harmless).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvpool.actors import WAIT, Extension, Handler, PoolState, Wait
+from kvpool.actors import WAIT, Handler, Wait
 from kvpool.manager.kv_manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
@@ -33,6 +30,7 @@ from kvpool.manager.messages import (
     AppendTokens,
     CheckManager,
     EventsReply,
+    FinishStep,
     FreeRequest,
     GetManagerStats,
     GetPrefillCost,
@@ -42,20 +40,19 @@ from kvpool.manager.messages import (
     PrefillCostReply,
     TakeEvents,
 )
+from kvpool.manager.types import StepOutcome
 from kvpool.messages import DoneReply
-from kvpool.pool import BlockPool
 
 _DONE = DoneReply()
 _NO_ROOM = AllocationReply(None)
 
 
 class ManagerHandlers:
-    """The handlers of one manager over the actor's pool; only the actor calls them."""
+    """The handlers of one manager; only its actor calls them."""
 
-    __slots__ = ("manager", "state")
+    __slots__ = ("manager",)
 
-    def __init__(self, state: PoolState, manager: KvManager) -> None:
-        self.state = state
+    def __init__(self, manager: KvManager) -> None:
         self.manager = manager
 
     def table(self) -> dict[type[Any], Handler[Any, Any]]:
@@ -67,6 +64,7 @@ class ManagerHandlers:
             AddRequest: Handler(self.add_request, undo=self.undo_add_request),
             FreeRequest: Handler(self.free, gives_back=True),
             PreemptRequest: Handler(self.preempt, gives_back=True),
+            FinishStep: Handler(self.finish_step, undo=self.undo_finish_step, gives_back=True),
             GetPrefillCost: Handler(self.prefill_cost),
             TakeEvents: Handler(self.take_events, undo=self.undo_take_events),
             GetManagerStats: Handler(self.stats),
@@ -76,10 +74,7 @@ class ManagerHandlers:
     def allocate(self, message: AllocateSlots) -> AllocationReply | Wait:
         allocation = self.manager.allocate(message.request_id, message.num_tokens)
         if allocation is None:
-            self.state.record_reserve(None)
             return WAIT if message.wait else _NO_ROOM
-        if allocation.block_ids:  # an allocation with no new block reserved nothing
-            self.state.record_reserve(allocation.removed)
         return AllocationReply(allocation)
 
     def undo_allocate(self, message: AllocateSlots, reply: AllocationReply) -> None:
@@ -111,6 +106,12 @@ class ManagerHandlers:
         self.manager.preempt(message.request_id)
         return _DONE
 
+    def finish_step(self, message: FinishStep) -> StepOutcome:
+        return self.manager.finish_step(message.updates)
+
+    def undo_finish_step(self, message: FinishStep, reply: StepOutcome) -> None:
+        self.manager.restore_events(reply.events)
+
     def prefill_cost(self, message: GetPrefillCost) -> PrefillCostReply:
         return PrefillCostReply(self.manager.prefill_cost(message.request_id))
 
@@ -135,31 +136,4 @@ def _waits(message: AllocateSlots) -> bool:
     return message.wait
 
 
-def manager_extension(
-    block_size: int,
-    *,
-    enable_prefix_caching: bool = True,
-    medium: str | None = "GPU",
-    on_create: Callable[[KvManager], None] | None = None,
-) -> Extension:
-    """An extension that runs a `KvManager` over the actor's pool.
-
-    ``on_create`` receives the manager once the actor builds it (for tests and for
-    in-process inspection; drive it only through the actor). The arguments are checked
-    here, before any actor starts: raises `InvalidArgumentError` for a bad one.
-    """
-    # Validate now with a throwaway pool, so a bad argument fails at the call site.
-    KvManager(BlockPool(1), block_size, enable_prefix_caching=enable_prefix_caching, medium=medium)
-
-    def extension(state: PoolState) -> Mapping[type[Any], Handler[Any, Any]]:
-        manager = KvManager(
-            state.pool, block_size, enable_prefix_caching=enable_prefix_caching, medium=medium
-        )
-        if on_create is not None:
-            on_create(manager)
-        return ManagerHandlers(state, manager).table()
-
-    return extension
-
-
-__all__ = ["ManagerHandlers", "manager_extension"]
+__all__ = ["ManagerHandlers"]

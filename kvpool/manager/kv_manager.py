@@ -32,13 +32,21 @@ from kvpool.errors import (
     DuplicateRequestError,
     InvalidArgumentError,
     InvariantViolationError,
+    PoolError,
     TokenCountError,
     UnknownRequestError,
 )
 from kvpool.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
 from kvpool.hashing import BlockHasher
 from kvpool.manager.request import RequestState
-from kvpool.manager.types import Allocation, ManagerStats, PrefillCost
+from kvpool.manager.types import (
+    Allocation,
+    ManagerStats,
+    PoolUsage,
+    PrefillCost,
+    StepOutcome,
+    StepUpdate,
+)
 from kvpool.manager.validation import check_count, check_request_id, check_tokens
 from kvpool.pool import BlockId, BlockPool
 
@@ -55,7 +63,6 @@ class KvManager:
         "_block_size",
         "_caching",
         "_events",
-        "_evictions",
         "_hit_tokens",
         "_medium",
         "_pool",
@@ -90,7 +97,6 @@ class KvManager:
         self._events: list[KVEvent] = []
         self._query_tokens = 0
         self._hit_tokens = 0
-        self._evictions = 0
         self._preemptions = 0
 
     def __repr__(self) -> str:
@@ -230,15 +236,15 @@ class KvManager:
         removed = outcome.removed
         if removed:
             self._events.append(BlockRemoved(block_hashes=list(removed), medium=self._medium))
-            self._evictions += len(removed)
         new_ids = pool.activate_prefix(reservation)
         for _ in range(fresh):
             new_ids.append(pool.allocate_private(reservation))
         pool.cancel(reservation)  # empty by now: returns nothing, only closes it
 
         if not table:
-            self._query_tokens += len(state.tokens)
-            self._hit_tokens += len(prefix) * self._block_size
+            if self._caching:  # as vLLM, no prefix-cache stats without a prefix cache
+                self._query_tokens += len(state.tokens)
+                self._hit_tokens += len(prefix) * self._block_size
             state.computed = len(prefix) * self._block_size
             state.visible = len(prefix)
         table.extend(new_ids)
@@ -271,9 +277,7 @@ class KvManager:
             return True
         if state is None or len(state.table) < len(ids) or state.table[-len(ids) :] != ids:
             return False
-        release = self._pool.release
-        for block_id in reversed(ids):
-            release(block_id)
+        self._pool.release_many(ids[::-1])
         del state.table[-len(ids) :]
         state.computed = min(state.computed, len(state.table) * self._block_size)
         if self._caching:
@@ -348,7 +352,7 @@ class KvManager:
             num_requests=len(self._requests),
             prefix_query_tokens=self._query_tokens,
             prefix_hit_tokens=self._hit_tokens,
-            evictions=self._evictions,
+            evictions=self._pool.evictions,
             preemptions=self._preemptions,
         )
 
@@ -418,6 +422,38 @@ class KvManager:
             return None
         return KVEventBatch(ts=ts, events=self.take_events(), data_parallel_rank=data_parallel_rank)
 
+    # ------------------------------------------------------------------ steps
+
+    def finish_step(self, updates: Sequence[StepUpdate]) -> StepOutcome:
+        """Apply a scheduler step's updates in order (append, mark computed, free), then
+        drain the events and read the occupancy and counters: one call per step.
+
+        Raises `UnknownRequestError` or `InvalidArgumentError`, changing nothing, for an
+        update naming an unknown request or carrying bad tokens. An update refused half
+        way (a computed count going backwards, say) is the scheduler's bug, not a
+        refusal: it raises `InvariantViolationError`, which crashes an actor.
+        """
+        for update in updates:
+            if type(update) is not StepUpdate:
+                raise InvalidArgumentError(f"expected a StepUpdate, got {update!r:.200}")
+            self._get(update.request_id)
+            if update.append:
+                check_tokens(update.append)
+        try:
+            for update in updates:
+                request_id = update.request_id
+                if update.append:
+                    self.append_tokens(request_id, update.append)
+                if update.computed >= 0:
+                    self.mark_computed(request_id, update.computed)
+                if update.free:
+                    self.free(request_id)
+        except PoolError as exc:
+            raise InvariantViolationError(f"a step's updates failed half way: {exc}") from exc
+        pool = self._pool
+        usage = PoolUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
+        return StepOutcome(self.take_events(), usage, self.stats())
+
     # -------------------------------------------------------------- internals
 
     def _get(self, request_id: str) -> RequestState:
@@ -472,10 +508,9 @@ class KvManager:
         )
 
     def _release_table(self, state: RequestState) -> None:
-        """Release every block leaf first, so a leaf enters the LRU before its parent."""
-        release = self._pool.release
-        for block_id in reversed(state.table):
-            release(block_id)
+        """Release every block leaf first, so a leaf enters the LRU before its parent;
+        all or nothing (the pool checks every id before it releases one)."""
+        self._pool.release_many(state.table[::-1])
         state.reset()
 
 

@@ -13,7 +13,7 @@ from typing import TypeAlias
 import msgspec
 
 from kvpool.events import KVEvent
-from kvpool.manager.types import Allocation, ManagerStats, PrefillCost
+from kvpool.manager.types import Allocation, ManagerStats, PrefillCost, StepOutcome, StepUpdate
 from kvpool.messages import DoneReply, ErrorReply
 
 
@@ -72,6 +72,12 @@ class TakeEvents(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.take_events``: drain the queued KV events, oldest first."""
 
 
+class FinishStep(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.finish_step``: a scheduler step's updates, then the drain and reads."""
+
+    updates: list[StepUpdate]
+
+
 class GetManagerStats(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.stats`` plus the pool's occupancy."""
 
@@ -89,6 +95,7 @@ ManagerRequest: TypeAlias = (
     | PreemptRequest
     | GetPrefillCost
     | TakeEvents
+    | FinishStep
     | GetManagerStats
     | CheckManager
 )
@@ -123,7 +130,13 @@ class ManagerStatsReply(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 
 ManagerReply: TypeAlias = (
-    AllocationReply | PrefillCostReply | EventsReply | ManagerStatsReply | DoneReply | ErrorReply
+    AllocationReply
+    | PrefillCostReply
+    | EventsReply
+    | StepOutcome
+    | ManagerStatsReply
+    | DoneReply
+    | ErrorReply
 )
 """Every reply the manager extension sends (`DoneReply` for calls without a result)."""
 
@@ -151,6 +164,7 @@ __all__ = [
     "AppendTokens",
     "CheckManager",
     "EventsReply",
+    "FinishStep",
     "FreeRequest",
     "GetManagerStats",
     "GetPrefillCost",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from kvpool.events import KVEvent
 from kvpool.pool import BlockId
 
 
@@ -39,9 +40,10 @@ class ManagerStats(msgspec.Struct, frozen=True, gc=False):
     """Counters for a report, counted the way vLLM counts them.
 
     Prefix-cache queries and hits are in tokens and counted once per successful first
-    allocation of a request (again after each preemption: a re-admission queries again).
-    ``evictions`` counts hashes whose last resident copy was evicted (every hash in a
-    BlockRemoved event). ``preemptions`` counts preempt calls that released blocks.
+    allocation of a request (again after each preemption: a re-admission queries again);
+    with prefix caching off nothing is counted, as vLLM reports no prefix-cache stats
+    then. ``evictions`` is the pool's own count (`BlockPool.evictions`: copies evicted),
+    read, not counted again. ``preemptions`` counts preempt calls that released blocks.
     """
 
     num_requests: int
@@ -71,4 +73,26 @@ class PoolUsage(msgspec.Struct, frozen=True, gc=False):
         return self.num_active / self.capacity
 
 
-__all__ = ["Allocation", "ManagerStats", "PoolUsage", "PrefillCost"]
+class StepUpdate(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    """What one request's step leaves for the manager, applied in this order.
+
+    ``append``: generated tokens to append; ``computed``: the new computed-token count to
+    mark (-1: the watermark does not move); ``free``: the request finished.
+    """
+
+    request_id: str
+    append: list[int]
+    computed: int
+    free: bool
+
+
+class StepOutcome(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """After a step's updates (`KvManager.finish_step`): the events they and the step's
+    allocations queued, drained, and the pool's occupancy and counters after them."""
+
+    events: list[KVEvent]
+    usage: PoolUsage
+    stats: ManagerStats
+
+
+__all__ = ["Allocation", "ManagerStats", "PoolUsage", "PrefillCost", "StepOutcome", "StepUpdate"]

@@ -10,13 +10,11 @@ __all__ = ["Admission", "PoolStats"]
 
 
 class PoolStats(msgspec.Struct, frozen=True, gc=False):
-    """A snapshot of the pool's occupancy plus cumulative counters since the actor started.
+    """A snapshot of the pool's occupancy plus its cumulative counters.
 
-    ``reserves`` counts successful reservations (admissions included) and
-    ``reserve_failures`` the ones that did not fit; a reservation or admission undone
-    because its caller never read it is not counted (its evictions are). ``evictions``
-    counts hashes whose last copy was evicted (the router-visible removals); ``waiters``
-    is the FIFO queue's length.
+    ``reserves``, ``reserve_failures`` and ``evictions`` are the pool's own counters
+    (`BlockPool.reserves`: every reserve or admit, including a waiter's retries and
+    undone calls; evictions in copies); ``waiters`` is the actor's FIFO length.
     """
 
     capacity: int
@@ -26,5 +24,4 @@ class PoolStats(msgspec.Struct, frozen=True, gc=False):
     reserves: int
     reserve_failures: int
     evictions: int
-    admissions: int
     waiters: int

@@ -29,6 +29,7 @@ from typing import Final, NoReturn, cast
 from kvpool.errors import (
     AlreadyCachedError,
     BlockNotReferencedError,
+    BlockSharedError,
     CapacityError,
     ForeignReservationError,
     InvalidArgumentError,
@@ -75,6 +76,7 @@ class BlockPool:
         "_by_hash",
         "_capacity",
         "_dups",
+        "_evictions",
         "_free",
         "_id_limit",
         "_lru",
@@ -82,7 +84,9 @@ class BlockPool:
         "_num_copies",
         "_num_inactive",
         "_refs",
+        "_reserve_failures",
         "_reserved",
+        "_reserves",
         "_slots",
     )
 
@@ -106,6 +110,10 @@ class BlockPool:
         self._num_inactive = 0
         self._reserved = 0
         self._refs = 0  # request references: one per private copy plus cached refs
+        # Cumulative counters (kvpool's one source of them; see `reserves`).
+        self._reserves = 0
+        self._reserve_failures = 0
+        self._evictions = 0
         self._id_limit = 0
         self._next_id = self._take_ids()  # ids are (serial << 32 | slot); serials only grow
 
@@ -132,6 +140,21 @@ class BlockPool:
     def capacity(self) -> int:
         """Total physical blocks."""
         return self._capacity
+
+    @property
+    def reserves(self) -> int:
+        """Successful reservations so far: every `reserve` and `admit` that fit."""
+        return self._reserves
+
+    @property
+    def reserve_failures(self) -> int:
+        """Calls of `reserve` or `admit` that returned None: the blocks did not fit."""
+        return self._reserve_failures
+
+    @property
+    def evictions(self) -> int:
+        """Copies evicted from the inactive LRU so far (duplicates of a hash included)."""
+        return self._evictions
 
     # ----------------------------------------------------------------- queries
 
@@ -360,6 +383,48 @@ class BlockPool:
         for copy in copies:
             self._release(copy)
 
+    def unallocate(self, block_id: object, reservation: object = None) -> None:
+        """Undo an allocation: the copy leaves the pool as if it had never been allocated.
+
+        The copy must hold nothing but the one reference its allocation gave it (refs 1,
+        pins 0); a cached one leaves the prefix cache too (a duplicate's siblings keep
+        its hash resident). Its unit goes back to ``reservation`` as a fresh unit when
+        one is given and still open, else to free capacity. Raises UnknownBlockError,
+        BlockSharedError, ForeignReservationError and ReservationClosedError.
+        """
+        copy = self._live(block_id)
+        if reservation is not None:
+            if type(reservation) is not Reservation or reservation._pool is not self:
+                _foreign(reservation)
+            if reservation._closed:
+                _closed(reservation)
+        if copy.holds != 1:
+            raise BlockSharedError(
+                f"block {copy.id} is held by more than its allocation "
+                f"(refs={copy.refs}, pins={copy.pins}); release it instead"
+            )
+        block_hash = copy.hash
+        if block_hash is not None:
+            dups = self._dups
+            later = dups.get(block_hash) if dups else None
+            if later is None:
+                del self._by_hash[block_hash]
+            else:
+                if self._by_hash[block_hash] is copy:
+                    self._by_hash[block_hash] = later.pop(0)
+                else:
+                    later.remove(copy)
+                if not later:
+                    del dups[block_hash]
+        slot = copy.id & _SLOT_MASK
+        self._slots[slot] = None
+        self._free.append(slot)
+        self._num_copies -= 1
+        self._refs -= 1
+        if reservation is not None:
+            reservation._fresh += 1
+            self._reserved += 1
+
     def cancel(self, reservation: object) -> None:
         """Return unconsumed capacity and unpin the unactivated prefix, leaf first."""
         if type(reservation) is not Reservation or reservation._pool is not self:
@@ -415,6 +480,7 @@ class BlockPool:
                 # Inactive prefix copies get pinned first, so they are not evictable.
                 evictable -= len({id(copy) for copy in hits if not copy.holds})
                 if needed > evictable:
+                    self._reserve_failures += 1
                     return None
 
         unlinked = 0
@@ -434,7 +500,9 @@ class BlockPool:
         removed: list[object] = []
         if needed > 0:
             self._evict(needed, removed)
+            self._evictions += needed
         self._reserved += fresh
+        self._reserves += 1
         return removed
 
     def _live(self, block_id: object) -> Copy:

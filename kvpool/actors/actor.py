@@ -1,0 +1,372 @@
+"""The actor: one task, one anyio mailbox, a handler table, a FIFO of waiters.
+
+One path leads from a call to its handler and back. `Actor.call` (in the caller's task)
+checks for cancellation, posts ``(message, handler, slot)`` to the mailbox, an unbounded
+anyio memory object stream, with ``send_nowait`` (never blocks, cannot be half done),
+and awaits the slot. `Actor.run` (the actor's task, the only code that runs handlers)
+drains the mailbox in batches and delivers each reply into its slot. The contract this
+implements is stated once, in `kvpool.actors`; the reply slots are `kvpool.actors.slots`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from kvpool.actors.slots import NO_REPLY, ReplySlot, SlotKind
+from kvpool.errors import InvalidArgumentError, PoolClosedError, PoolCrashedError, PoolError
+
+M = TypeVar("M")
+R = TypeVar("R")
+
+
+class Wait(enum.Enum):
+    """The type of `WAIT` (for handler return annotations: ``Reply | Wait``)."""
+
+    WAIT = "WAIT"
+
+
+WAIT: Final = Wait.WAIT
+"""Returned by a handler to park its request in the FIFO of waiters (see `Handler`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handler(Generic[M, R]):
+    """How the actor runs one message kind.
+
+    ``handle(message)`` runs in one actor turn and returns the reply; raising a
+    `PoolError` refuses the request (it must then have changed nothing), raising
+    anything else crashes the actor (the refuse-or-crash rule, `kvpool.errors`).
+
+    ``undo(message, reply)`` gives back what a reply handed out, in a later turn, when
+    its caller never read it; it must not fail. ``gives_back`` marks calls returning
+    ownership (release, cancel, free): they run even if their caller left, and the
+    waiters are retried after them. ``waits(message)`` marks requests whose handler may
+    return `WAIT`: such a request joins the FIFO behind earlier waiters untried, and the
+    head waiter is retried whenever something was given back.
+    """
+
+    handle: Callable[[M], R | Wait]
+    undo: Callable[[M, R], None] | None = None
+    gives_back: bool = False
+    waits: Callable[[M], bool] | None = None
+
+
+class Status(enum.Enum):
+    """The actor's life cycle: open, closing (leaving its block), closed, or crashed."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    CRASHED = "crashed"
+
+
+class _Undo:
+    """A mailbox entry of the actor's own: give back what an unread reply handed out."""
+
+    __slots__ = ("message", "reply", "undo")
+
+    def __init__(self, message: Any, reply: Any, undo: Callable[[Any, Any], None]) -> None:
+        self.message = message
+        self.reply = reply
+        self.undo = undo
+
+
+class _Signal(enum.Enum):
+    """Mailbox entries that only wake the actor."""
+
+    RETRY = "a waiter left: retry the FIFO"
+    CLOSE = "the host is leaving: fail the waiters, then stop once no reply is unread"
+    WAKE = "the last call in flight finished"
+
+
+def _run_undo(entry: _Undo) -> None:
+    entry.undo(entry.message, entry.reply)
+
+
+_UNDO: Final[Handler[_Undo, None]] = Handler(_run_undo, gives_back=True)
+_OPEN: Final = Status.OPEN
+_Entry = tuple[Any, Handler[Any, Any] | None, ReplySlot | None]
+
+
+class Actor:
+    """Serializes calls to synchronous handlers over state only it touches.
+
+    Built by `open_actor` / `open_pool` on the running loop; every method but `run` is
+    for callers on that same loop (anything else raises `WrongLoopError`).
+    """
+
+    __slots__ = (
+        "_cause",
+        "_dirty",
+        "_handlers",
+        "_in_flight",
+        "_on_crash",
+        "_post",
+        "_receive",
+        "_slots",
+        "_status",
+        "_task_id",
+        "_waiters",
+    )
+
+    def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]], slots: SlotKind) -> None:
+        if _Undo in handlers or _Signal in handlers:
+            raise InvalidArgumentError("the actor's own entry types cannot be registered")
+        self._handlers: dict[type[Any], Handler[Any, Any]] = dict(handlers)
+        send, self._receive = anyio.create_memory_object_stream[_Entry](math.inf)
+        self._post = send.send_nowait
+        self._slots = slots
+        self._waiters: deque[tuple[Any, Handler[Any, Any], ReplySlot]] = deque()
+        self._dirty = False  # something was given back that may let the head waiter in
+        self._status = _OPEN
+        self._cause: BaseException | None = None
+        self._on_crash: Callable[[], None] | None = None
+        self._in_flight = 0  # calls posted whose caller has not yet taken the reply
+        self._task_id: int | None = None
+
+    # ------------------------------------------------------------------ callers
+
+    @property
+    def status(self) -> Status:
+        """Open, closing, closed or crashed."""
+        return self._status
+
+    @property
+    def crash_cause(self) -> BaseException | None:
+        """The exception that crashed the actor, if it crashed."""
+        return self._cause
+
+    @property
+    def num_waiters(self) -> int:
+        """Requests parked in the FIFO (including ones whose caller just left)."""
+        return len(self._waiters)
+
+    @property
+    def task_id(self) -> int | None:
+        """The anyio task id of the actor's task, once it runs (for tests and tracing)."""
+        return self._task_id
+
+    def handles(self, kind: type[Any]) -> bool:
+        """Whether messages of type ``kind`` have a handler."""
+        return kind in self._handlers
+
+    async def call(self, message: Any) -> Any:
+        """Send ``message`` and return its handler's reply; always a checkpoint.
+
+        Raises what the handler raised, `PoolClosedError` / `PoolCrashedError` once the
+        actor is gone, `InvalidArgumentError` for a kind without a handler, and
+        `WrongLoopError` off the actor's loop. Cancellation: `kvpool.actors`.
+        """
+        slot = self._slots.new()
+        handler = self._handlers.get(type(message))
+        if handler is None or self._status is not _OPEN:
+            await anyio.lowlevel.checkpoint()
+            if self._status is not _OPEN:
+                raise self.gone_error()
+            raise InvalidArgumentError(f"no handler for message {message!r}")
+        if not handler.gives_back:
+            # A call that hands something out takes no effect in a cancelled scope.
+            await self._slots.checkpoint_if_cancelled()
+        self._post((message, handler, slot))
+        self._in_flight += 1
+        try:
+            return await slot
+        except BaseException:
+            reply = self._slots.abandon(slot)
+            if reply is not NO_REPLY:
+                if handler.undo is not None:
+                    self._give_back(message, reply, handler.undo)
+            elif handler.waits is not None and self._status is _OPEN:
+                self._post((_Signal.RETRY, None, None))  # it may have headed the FIFO
+            raise
+        finally:
+            self._in_flight -= 1
+            if self._status is not _OPEN and not self._in_flight:
+                self._wake_closing()
+
+    def _give_back(self, message: Any, reply: Any, undo: Callable[[Any, Any], None]) -> None:
+        # The caller is still in flight, so a closed actor still runs and will take it.
+        if self._status is not Status.CRASHED:
+            self._post((_Undo(message, reply, undo), _UNDO, None))
+
+    def _wake_closing(self) -> None:
+        # The actor may be waiting for exactly this: the last call in flight to finish.
+        if self._status is not Status.CRASHED:
+            self._post((_Signal.WAKE, None, None))
+
+    # ------------------------------------------------------------------ the host
+
+    def set_crash_callback(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once if the actor crashes (the host cancels its body)."""
+        self._on_crash = callback
+
+    def close(self) -> None:
+        """Refuse new calls; the actor handles what is queued, fails the waiters with
+        `PoolClosedError`, and stops once no caller holds an unread reply."""
+        if self._status is _OPEN:
+            self._status = Status.CLOSING
+            self._post((_Signal.CLOSE, None, None))
+
+    def gone_error(self) -> PoolError | PoolCrashedError:
+        """The error for a call the actor can no longer serve (crashed or closed)."""
+        if self._status is Status.CRASHED:
+            error = PoolCrashedError(f"the pool actor crashed: {self._cause!r}")
+            error.__cause__ = self._cause
+            return error
+        return PoolClosedError("the pool actor has shut down")
+
+    # ----------------------------------------------------------- the actor task
+
+    async def run(self) -> None:
+        """The actor task: drain the mailbox in batches until closed or crashed."""
+        self._task_id = anyio.get_current_task().id
+        receive = self._receive
+        receive_nowait = receive.receive_nowait
+        handle = self._handle
+        while True:
+            try:
+                entry = receive_nowait()
+            except anyio.WouldBlock:
+                if self._dirty and self._waiters:
+                    self._pump()
+                status = self._status
+                if status is Status.CRASHED or (status is Status.CLOSED and not self._in_flight):
+                    return
+                entry = await receive.receive()
+            handle(entry)
+            if self._status is Status.CRASHED:
+                return
+
+    def _handle(self, entry: _Entry) -> None:
+        message, handler, slot = entry
+        if slot is None or handler is None or handler.gives_back or self._waiters:
+            self._handle_with_care(message, handler, slot)
+            return
+        if slot.cancelled():
+            return  # the caller left before its turn: skipped
+        # The common case: a live caller, nobody waiting, nothing given back.
+        try:
+            reply = handler.handle(message)
+        except PoolError as exc:
+            slot.set_exception(exc)
+            return
+        except BaseException as exc:
+            self._crash(exc, slot)
+            return
+        if reply is WAIT:
+            self._waiters.append((message, handler, slot))
+        else:
+            slot.set_result(reply)
+
+    def _handle_with_care(
+        self, message: Any, handler: Handler[Any, Any] | None, slot: ReplySlot | None
+    ) -> None:
+        """A signal, an undo, a give-back, or a call arriving while others wait."""
+        waiters = self._waiters
+        if handler is None:
+            if message is _Signal.RETRY:
+                self._dirty = True
+            elif message is _Signal.CLOSE:
+                self._finish()
+            return
+        try:
+            if slot is None or slot.cancelled():
+                if not handler.gives_back:
+                    return  # the caller left before its turn: skipped
+                self._dirty = True
+                try:
+                    reply = handler.handle(message)
+                except PoolError:
+                    if slot is None:
+                        raise  # an undo must not be refused: that is a bug
+                    # A give-back whose caller left: a mistake nobody is left to hear.
+                else:
+                    if slot is not None and handler.undo is not None:
+                        handler.undo(message, reply)  # applied; nobody reads the reply
+            elif waiters and handler.waits is not None and handler.waits(message):
+                waiters.append((message, handler, slot))
+                return
+            else:
+                try:
+                    reply = handler.handle(message)
+                except PoolError as exc:
+                    slot.set_exception(exc)
+                    return
+                if handler.gives_back:
+                    self._dirty = True
+                if reply is WAIT:
+                    waiters.append((message, handler, slot))
+                else:
+                    slot.set_result(reply)
+        except BaseException as exc:
+            self._crash(exc, slot)
+            return
+        if self._dirty and waiters:
+            self._pump()  # what came back goes to the waiters before later requests
+
+    def _pump(self) -> None:
+        """Grant waiters in FIFO order until the head one still does not fit."""
+        self._dirty = False
+        waiters = self._waiters
+        while waiters:
+            message, handler, slot = waiters[0]
+            if slot.cancelled():
+                waiters.popleft()
+                continue
+            try:
+                reply = handler.handle(message)
+            except PoolError as exc:
+                waiters.popleft()
+                slot.set_exception(exc)
+                continue
+            except BaseException as exc:
+                self._crash(exc, None)
+                return
+            if reply is WAIT:
+                return
+            waiters.popleft()
+            slot.set_result(reply)
+
+    def _finish(self) -> None:
+        """Everything posted before the close was handled: fail the waiters."""
+        if self._dirty and self._waiters:
+            self._pump()
+        if self._status is Status.CRASHED:
+            return
+        self._status = Status.CLOSED
+        waiters = self._waiters
+        while waiters:
+            _message, _handler, slot = waiters.popleft()
+            if not slot.cancelled():
+                slot.set_exception(PoolClosedError("the pool shut down before this request fit"))
+
+    def _crash(self, cause: BaseException, slot: ReplySlot | None) -> None:
+        """A handler raised a bug: fail the current call, every queued call and every
+        waiter with `PoolCrashedError`, and tell the host."""
+        self._status = Status.CRASHED
+        self._cause = cause
+        slots: list[ReplySlot] = [] if slot is None else [slot]
+        slots.extend(waiting for _m, _h, waiting in self._waiters)
+        self._waiters.clear()
+        while True:
+            try:
+                _message, _handler, queued = self._receive.receive_nowait()
+            except anyio.WouldBlock:
+                break
+            if queued is not None:
+                slots.append(queued)
+        for pending in slots:
+            if not pending.cancelled():
+                pending.set_exception(self.gone_error())
+        if self._on_crash is not None:
+            self._on_crash()
+        if not isinstance(cause, Exception):
+            raise cause  # KeyboardInterrupt and friends go on up, after the crash
