@@ -59,7 +59,7 @@ async def run(clients: int, rounds: int, capacity: int, seed: int) -> dict[str, 
         "num_active": stats.num_active,
         "num_active_refs": stats.num_active_refs,
         "evictions": stats.evictions,
-        "admissions": stats.admissions,
+        "reserves": stats.reserves,
     }
 
 

@@ -13,15 +13,15 @@ import msgspec
 import pytest
 import uvloop
 
-from kvpool.actors import YIELD_EVERY, Handler, PoolClient, PoolState, open_pool
-from kvpool.actors.loops import new_actor
+from kvpool.actors import Actor, Handler, PoolClient, PoolState, open_pool
+from kvpool.actors.hosting import _slots_for_this_loop
 from kvpool.errors import (
     InvariantViolationError,
     PoolClosedError,
     PoolCrashedError,
     ReservationExhaustedError,
 )
-from kvpool.messages import Admission, GetStats, Release
+from kvpool.messages import Admission, Admit, Free, GetStats, Release
 from kvpool.pool import BlockPool
 
 HANG_GUARD = 30  # seconds; a guard against hangs, never a timing assertion
@@ -82,13 +82,8 @@ async def _sweep(
     await pool.check_invariants()
 
 
-# Every call yields (1), or only every YIELD_EVERY-th direct turn does (the default).
-YIELDS = [pytest.param(1, id="yield-every-call"), pytest.param(YIELD_EVERY, id="budget")]
-
-
 @pytest.mark.anyio
-@pytest.mark.parametrize("yield_every", YIELDS)
-async def test_reserve_is_all_or_nothing_under_cancellation(yield_every: int) -> None:
+async def test_reserve_is_all_or_nothing_under_cancellation() -> None:
     async with open_pool(8) as pool:
         prefix = await _seeded(pool)
 
@@ -100,8 +95,7 @@ async def test_reserve_is_all_or_nothing_under_cancellation(yield_every: int) ->
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("yield_every", YIELDS)
-async def test_admit_is_all_or_nothing_under_cancellation(yield_every: int) -> None:
+async def test_admit_is_all_or_nothing_under_cancellation() -> None:
     async with open_pool(8) as pool:
         await _seeded(pool)
 
@@ -127,15 +121,15 @@ async def _drain_reservation(pool: PoolClient, reservation: Any) -> tuple[int, i
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("yield_every", YIELDS)
 @pytest.mark.parametrize("kind", ["activate_prefix", "allocate_private", "allocate_cached"])
 async def test_reservation_spending_calls_are_all_or_nothing_under_cancellation(
-    kind: str, yield_every: int
+    kind: str,
 ) -> None:
     async with open_pool(8) as pool:
         prefix = await _seeded(pool)
         before = await _counts(pool)
         outcomes = set()
+        cached_by_caller: set[int] = set()
         for delay in range(10):
             outcome = await pool.reserve(prefix, 2)
             assert outcome is not None
@@ -175,11 +169,16 @@ async def test_reservation_spending_calls_are_all_or_nothing_under_cancellation(
             assert (reservation.prefix_len, reservation.fresh) == expected
             assert await _drain_reservation(pool, reservation) == expected
             outcomes.add(bool(got))
-            # A copy allocate_cached made stays cached (idle): compare what is held.
+            # A copy allocate_cached made and the caller read stays cached (idle); an
+            # undone one left the pool: compare what is held.
             active, _inactive, refs = await _counts(pool)
             assert (active, refs) == (before[0], before[2]), f"cancelled after {delay}"
-        if yield_every == 1:  # every call passes a checkpoint after its turn
-            assert outcomes == {False, True}, "the sweep should both interrupt and complete"
+            if kind == "allocate_cached" and not got and 77 not in cached_by_caller:
+                assert await pool.prefix_hit(77) is None, f"cancelled after {delay}"
+            if got and kind == "allocate_cached":
+                cached_by_caller.add(77)
+        # Every call passes a checkpoint before and after its turn.
+        assert outcomes == {False, True}, "the sweep should both interrupt and complete"
         await pool.check_invariants()
 
 
@@ -190,14 +189,16 @@ ASYNCIO_LOOPS = [pytest.param(asyncio.run, id="asyncio"), pytest.param(uvloop.ru
 
 
 @pytest.mark.parametrize("run", ASYNCIO_LOOPS)
-@pytest.mark.parametrize("kind", ["reserve", "admit", "activate_prefix", "allocate_private"])
+@pytest.mark.parametrize(
+    "kind", ["reserve", "admit", "activate_prefix", "allocate_private", "allocate_cached"]
+)
 def test_an_unread_reply_is_undone_by_the_actor(
     kind: str, run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Plain asyncio task.cancel() lands even after the reply is in the future, which
     # is exactly the "replied but not read" window; a spy proves the sweep hit it.
     undone: list[str] = []
-    for name in ["undo_reserve", "undo_admit", "undo_activate_prefix", "undo_allocate_private"]:
+    for name in ["undo_reserve", "undo_admit", "undo_activate_prefix", "undo_allocate"]:
         original = getattr(PoolState, name)
 
         def spy(self: PoolState, message: Any, reply: Any, original: Any = original) -> None:
@@ -207,7 +208,6 @@ def test_an_unread_reply_is_undone_by_the_actor(
         monkeypatch.setattr(PoolState, name, spy)
 
     async def scenario() -> None:
-        # Every call yields (the budget would let most direct turns finish unyielding).
         async with open_pool(8) as pool:
             prefix = await _seeded(pool)
             before = await _counts(pool)
@@ -216,10 +216,11 @@ def test_an_unread_reply_is_undone_by_the_actor(
                 assert outcome is not None
                 reservation = outcome.reservation
                 calls = {
-                    "reserve": lambda: pool.reserve(prefix, 2),
+                    "reserve": lambda p=prefix: pool.reserve(p, 2),
                     "admit": lambda: pool.admit([1, 2, 3]),
                     "activate_prefix": lambda r=reservation: pool.activate_prefix(r),
                     "allocate_private": lambda r=reservation: pool.allocate_private(r),
+                    "allocate_cached": lambda r=reservation: pool.allocate_cached(r, 77),
                 }
                 task = asyncio.get_running_loop().create_task(calls[kind]())
                 for _ in range(delay):
@@ -234,10 +235,22 @@ def test_an_unread_reply_is_undone_by_the_actor(
                         await pool.cancel(result.reservation)
                     elif kind == "admit":
                         await pool.free(result.blocks)
+                    elif kind == "allocate_cached":
+                        await pool.free([result[0]])
+                        await _drain_reservation(pool, reservation)
+                        # The copy the caller read stays cached, idle: evict it again.
+                        flush = await pool.admit([], 8)
+                        assert flush is not None
+                        await pool.free(flush.blocks)
+                        prefix = await _seeded(pool)
+                        before = await _counts(pool)
+                        continue
                     else:
                         await pool.free(result if isinstance(result, list) else [result])
                 await _drain_reservation(pool, reservation)
+                # An undone allocate_cached leaves nothing behind: not even its hash.
                 assert await _counts(pool) == before, f"cancelled after {delay} loop turns"
+                assert await pool.prefix_hit(77) is None
             await pool.check_invariants()
 
     run(scenario())
@@ -269,26 +282,21 @@ async def test_release_cancel_and_free_take_effect_even_if_the_caller_is_cancell
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("yield_every", YIELDS)
-async def test_a_call_made_in_a_cancelled_scope_is_undone_or_returned(yield_every: int) -> None:
+async def test_a_call_made_in_a_cancelled_scope_raises_and_takes_no_effect() -> None:
     async with open_pool(8) as pool:
         returned: dict[str, Any] = {}
         with anyio.CancelScope() as scope:
             scope.cancel()
             returned["reserve"] = await pool.reserve([], 3)
+        assert scope.cancelled_caught
         with anyio.CancelScope() as scope:
             scope.cancel()
             returned["admit"] = await pool.admit([5, 6])
+        assert scope.cancelled_caught
         stats = await pool.stats()
-        # Cancelled at the checkpoint after its turn, a call is undone without a trace;
-        # a call that passed no checkpoint (or whose reply won the race) completed, and
-        # its caller owns the result. The counters count exactly what callers got.
-        assert stats.reserves == len(returned)
-        assert stats.admissions == int("admit" in returned)
-        if "reserve" in returned:
-            await pool.cancel(returned["reserve"].reservation)
-        if "admit" in returned:
-            await pool.free(returned["admit"].blocks)
+        # An ownership-giving call in a cancelled scope never reaches the actor.
+        assert returned == {}
+        assert (stats.reserves, stats.reserve_failures) == (0, 0)
         assert await _counts(pool) == (0, 0, 0)
 
 
@@ -358,7 +366,7 @@ async def test_a_cancelled_waiter_leaves_the_queue_without_a_trace() -> None:
         assert got[0] is not None
         assert len(got[0].blocks) == 1
         stats = await pool.stats()
-        assert (stats.waiters, stats.num_active, stats.admissions) == (0, 4, 2)
+        assert (stats.waiters, stats.num_active, stats.reserves) == (0, 4, 2)
         await pool.free([*hold.blocks, *got[0].blocks])
         assert await _counts(pool) == (0, 0, 0)
 
@@ -376,11 +384,16 @@ async def test_waiting_for_more_than_the_whole_pool_fails_at_once() -> None:
 # -------------------------------------------------------------------- shutdown
 
 
+def _num_queued(actor: Actor) -> int:
+    return actor._receive.statistics().current_buffer_used
+
+
 @pytest.mark.anyio
 async def test_close_handles_everything_already_queued_then_fails_waiters() -> None:
-    state = PoolState(BlockPool(4), lambda: 0)
-    actor = new_actor(state.handlers())  # never started: everything stays queued
-    hold = state.admit(__import__("kvpool.messages").messages.Admit([], 4)).admission
+    state = PoolState(BlockPool(4))
+    actor = Actor(state.handlers(), _slots_for_this_loop())  # not started: calls stay queued
+    state.count_waiters = lambda: actor.num_waiters
+    hold = state.admit(Admit([], 4)).admission
     assert hold is not None
     results: dict[str, Any] = {}
 
@@ -390,22 +403,23 @@ async def test_close_handles_everything_already_queued_then_fails_waiters() -> N
         except PoolClosedError as exc:
             results[name] = exc
 
-    from kvpool.messages import Admit, Free
-
     async with anyio.create_task_group() as tg:
         tg.start_soon(record, "fits after the free", Admit([], 3, True))
-        while actor.num_queued < 1:
+        while _num_queued(actor) < 1:
             await anyio.lowlevel.checkpoint()
         tg.start_soon(record, "never fits", Admit([], 4, True))
-        while actor.num_queued < 2:
+        while _num_queued(actor) < 2:
             await anyio.lowlevel.checkpoint()
         tg.start_soon(record, "free", Free(hold.blocks))
-        while actor.num_queued < 3:
+        while _num_queued(actor) < 3:
             await anyio.lowlevel.checkpoint()
         tg.start_soon(record, "stats", GetStats())
-        while actor.num_queued < 4:
+        while _num_queued(actor) < 4:
             await anyio.lowlevel.checkpoint()
         actor.close()
+        with pytest.raises(PoolClosedError):  # refused at once, never queued
+            await actor.call(GetStats())
+        tg.start_soon(actor.run)  # the actor handles what was queued before the close
     assert results["fits after the free"].admission is not None
     assert isinstance(results["never fits"], PoolClosedError)
     assert results["stats"].stats.num_active == 3

@@ -32,8 +32,7 @@ def touch_extension(state: PoolState) -> dict[type, Handler[Any, Any]]:
         if pool.prefix_hit(message.block_hash) is None:
             raise CapacityError(f"{message.block_hash} is not resident")
         outcome = pool.reserve([message.block_hash], 0)
-        assert outcome is not None  # fresh=0 always fits
-        state.record_reserve(outcome.removed)
+        assert outcome is not None  # fresh=0 always fits: the pool counts the reserve
         ids = pool.activate_prefix(outcome.reservation)
         pool.cancel(outcome.reservation)
         return Touched(ids)

@@ -44,4 +44,6 @@ def test_the_stress_run_leaves_nothing_held(backend: str) -> None:
     fields = dict(item.split("=") for item in out.split())
     assert (fields["num_active"], fields["num_active_refs"]) == ("0", "0")
     assert int(fields["leases"]) > 0
-    assert int(fields["admissions"]) == int(fields["leases"])
+    # The pool counts every admit that fit, including ones undone for a caller that
+    # was cancelled before reading its reply; every lease entered read one of them.
+    assert int(fields["reserves"]) >= int(fields["leases"])
