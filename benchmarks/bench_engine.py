@@ -18,7 +18,9 @@ workload with the CLI's default flags and prints, best of ``--repeat`` runs:
   and hashing, the actor machinery, and the engine.
 
 Targets (issue 5): the embedded default completes in under 15 s; the pool is not the
-bottleneck (its share under half of wall time).
+bottleneck (its share under half of wall time). Issue 9: the actor backend is no slower
+than before the actor became one task with one mailbox; `BEFORE_ISSUE_9` is that run's
+figure, measured on this machine class (reproduce it at that commit with this script).
 """
 
 from __future__ import annotations
@@ -36,29 +38,32 @@ from kvpool.engine import EngineConfig, KvClient, TimedKvClient
 from kvpool.engine.runner import KV_BACKENDS, KvFactory, SimulationRun, run_simulation
 from kvpool.workloads import RequestSpec, default_workload
 
+BEFORE_ISSUE_9 = ("92c3dcf", 1.09)
+"""(commit, best-of-3 wall seconds) of the actor backend on the embedded default, with
+direct turns and a deque mailbox, measured 2026-11-30 on the 2-core EPYC VM."""
+
 
 class ActorTurnTimer:
-    """Adds up the wall time the pool actors spend handling messages (manager and pool
-    work), whichever task runs the turn: the actor's own, or a caller taking a direct
-    turn. Wraps every handler of each actor created while the timer is active."""
+    """Adds up the wall time the actors spend in their handlers (manager and pool work).
+    Wraps every handler of each actor created while the timer is active."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
 
     def __enter__(self) -> ActorTurnTimer:
-        from kvpool.actors.core import Actor, Handler
+        from kvpool.actors import Actor, Handler
 
         original = Actor.__init__
         timed = self._timed
 
-        def init(actor: Any, handlers: Any, **options: Any) -> None:
+        def init(actor: Any, handlers: Any, slots: Any) -> None:
             original(
                 actor,
                 {
                     kind: Handler(timed(h.handle), h.undo, h.gives_back, h.waits)
                     for kind, h in handlers.items()
                 },
-                **options,
+                slots,
             )
 
         self._original = original
@@ -66,7 +71,7 @@ class ActorTurnTimer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        from kvpool.actors.core import Actor
+        from kvpool.actors import Actor
 
         Actor.__init__ = self._original  # type: ignore[method-assign]
 
@@ -162,6 +167,9 @@ def main() -> None:
         assert total.leaked_blocks == 0
         print(f"\n[{name}] best of {args.repeat}")
         print(f"  wall time                {wall:8.2f} s  (target < 15 s)")
+        if name == "actor":
+            commit, seconds = BEFORE_ISSUE_9
+            print(f"  before issue 9 ({commit})  {seconds:8.2f} s  (same workload, best of 3)")
         print(f"  simulated time           {run.report.simulated_s:8.2f} s")
         print(f"  requests per wall second {total.requests_submitted / wall:8.0f}")
         print(f"  steps per wall second    {total.steps / wall:8.0f}")

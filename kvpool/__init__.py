@@ -1,10 +1,20 @@
-"""kvpool: an exact, fast, concurrency-safe model of vLLM's GPU KV-cache block pool."""
+"""kvpool: an exact, fast, concurrency-safe model of vLLM's GPU KV-cache block pool.
 
-from kvpool.actors import PoolClient, open_pool
+The names a user needs, from every layer. The async ones (`open_pool`, `open_manager`
+and their clients) are loaded on first use, so ``import kvpool.pool`` stays free of
+anyio and of every actor module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from kvpool.errors import (
     AlreadyCachedError,
     BlockError,
     BlockNotReferencedError,
+    BlockSharedError,
     CapacityError,
     DuplicateRequestError,
     ForeignReservationError,
@@ -26,18 +36,39 @@ from kvpool.errors import (
     UnknownRequestError,
     WrongLoopError,
 )
-from kvpool.manager import KvManager
-from kvpool.manager.client import ManagerClient, open_manager
-from kvpool.pool import BlockId, BlockPool, PrefixHit, Reservation, ReserveOutcome
+from kvpool.pool import Admission, BlockId, BlockPool, PrefixHit, Reservation, ReserveOutcome
+
+if TYPE_CHECKING:
+    from kvpool.actors import Lease, PoolClient, open_pool
+    from kvpool.manager import KvManager, ManagerClient, open_manager
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Lease": "kvpool.actors",
+    "PoolClient": "kvpool.actors",
+    "open_pool": "kvpool.actors",
+    "KvManager": "kvpool.manager",
+    "ManagerClient": "kvpool.manager",
+    "open_manager": "kvpool.manager",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvpool' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
+    "Admission",
     "AlreadyCachedError",
     "BlockError",
     "BlockId",
     "BlockNotReferencedError",
     "BlockPool",
+    "BlockSharedError",
     "CapacityError",
     "DuplicateRequestError",
     "ForeignReservationError",
@@ -46,6 +77,7 @@ __all__ = [
     "InvariantViolationError",
     "KvManager",
     "KvpoolError",
+    "Lease",
     "ManagerClient",
     "PoolClient",
     "PoolClosedError",
@@ -64,6 +96,7 @@ __all__ = [
     "UnknownBlockError",
     "UnknownRequestError",
     "WrongLoopError",
+    "__version__",
     "open_manager",
     "open_pool",
 ]

@@ -13,10 +13,10 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 RUNS = {
     "pool": (["bench_pool.py", "--quick"], ["ns/call", "memory per resident cached block"]),
-    "actor": (["bench_actor.py", "--quick"], ["round trip", "vs the faster bare way"]),
+    "actor": (["bench_actor.py", "--quick"], ["Round trip", "minimal actor", "x bare"]),
     "engine": (
         ["bench_engine.py", "--repeat", "1", "--no-profile"],
-        ["wall time", "inside pool actor turns"],
+        ["wall time", "before issue 9", "inside pool actor turns"],
     ),
     "events": (["bench_events.py"], ["tokens", "batches"]),
 }

@@ -12,12 +12,11 @@ from kvpool.engine import (
     LocalKvClient,
     MockEngine,
     StepResult,
-    StepUpdate,
     TimedKvClient,
 )
 from kvpool.errors import InvariantViolationError, UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
-from kvpool.manager import KvManager, PrefillCost
+from kvpool.manager import KvManager, PrefillCost, StepUpdate
 from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload, mix_seed
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvpool.engine import EngineConfig, MockEngine, StepUpdate
-from kvpool.engine.actor_kv import FinishStep, open_actor_kv
-from kvpool.engine.runner import open_actor_kv as actor_backend
-from kvpool.engine.runner import open_local_kv, run_simulation
+from kvpool.engine import EngineConfig, MockEngine
+from kvpool.engine.runner import open_actor_kv, open_local_kv, run_simulation
+from kvpool.manager import ManagerClient, StepUpdate
+from kvpool.manager.messages import FinishStep
 from kvpool.errors import PoolCrashedError, UnknownRequestError
 from kvpool.events import EventCollector
 from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload
@@ -21,7 +21,7 @@ async def test_actor_and_inline_managers_give_the_same_simulation() -> None:
     requests = SyntheticWorkload(seed=8, num_sessions=16).requests()
     reports = []
     streams = []
-    for factory in (actor_backend, open_local_kv):
+    for factory in (open_actor_kv, open_local_kv):
         sinks = [EventCollector(), EventCollector()]
         run = await run_simulation(requests, CONFIG, workers=2, kv_factory=factory, sinks=sinks)
         reports.append(run.report)
@@ -35,13 +35,19 @@ async def test_actor_and_inline_managers_give_the_same_simulation() -> None:
     assert actor.total.leaked_blocks == 0
 
 
+async def test_the_actor_backend_is_the_managers_own_client() -> None:
+    async with open_actor_kv(CONFIG) as kv:
+        assert type(kv) is ManagerClient  # no adapter between the engine and the actor
+
+
 async def test_a_step_runs_as_one_actor_turn() -> None:
     async with open_actor_kv(CONFIG) as kv:
+        assert isinstance(kv, ManagerClient)
         engine = MockEngine(kv, CONFIG)
         prompt = (Segment(99, 40),)
         await engine.submit(RequestSpec("r", 0.0, prompt, Segment(5, 3)))
         turns = 0
-        original = kv.client.pool.call
+        original = kv._call
 
         async def counting(message: object) -> object:
             nonlocal turns

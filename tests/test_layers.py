@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,26 @@ def test_module_imports_only_layers_above_it(path: Path) -> None:
 def test_pool_core_never_imports_an_event_loop(path: Path) -> None:
     for name in _imports(path):
         assert name.split(".")[0] not in ASYNC_MODULES, f"{_dotted(path)} imports {name}"
+
+
+@pytest.mark.parametrize("module", ["kvpool.pool", "kvpool"])
+def test_importing_the_sync_layers_loads_no_event_loop_and_no_actor(module: str) -> None:
+    """Checked in a fresh interpreter: what an import loads, not what a file names."""
+    probe = (
+        f"import sys, {module}\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] in "
+        f"{sorted(ASYNC_MODULES)!r} or m.startswith('kvpool.actors')]\n"
+        "print(','.join(loaded))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "", f"import {module} loaded {result.stdout.strip()}"
+
+
+def test_the_top_level_namespace_loads_the_async_layers_on_first_use() -> None:
+    import kvpool
+
+    assert callable(kvpool.open_pool) and callable(kvpool.open_manager)
+    with pytest.raises(AttributeError):
+        _ = kvpool.no_such_name  # type: ignore[attr-defined]

@@ -93,6 +93,7 @@ def _run_undo(entry: _Undo) -> None:
 
 _UNDO: Final[Handler[_Undo, None]] = Handler(_run_undo, gives_back=True)
 _OPEN: Final = Status.OPEN
+_CRASHED: Final = Status.CRASHED
 _Entry = tuple[Any, Handler[Any, Any] | None, ReplySlot | None]
 
 
@@ -104,14 +105,16 @@ class Actor:
     """
 
     __slots__ = (
+        "_abandon",
         "_cause",
         "_dirty",
         "_handlers",
         "_in_flight",
+        "_new_slot",
         "_on_crash",
         "_post",
         "_receive",
-        "_slots",
+        "_scope_cancelled",
         "_status",
         "_task_id",
         "_waiters",
@@ -123,7 +126,9 @@ class Actor:
         self._handlers: dict[type[Any], Handler[Any, Any]] = dict(handlers)
         send, self._receive = anyio.create_memory_object_stream[_Entry](math.inf)
         self._post = send.send_nowait
-        self._slots = slots
+        self._new_slot = slots.new
+        self._scope_cancelled = slots.cancelled
+        self._abandon = slots.abandon
         self._waiters: deque[tuple[Any, Handler[Any, Any], ReplySlot]] = deque()
         self._dirty = False  # something was given back that may let the head waiter in
         self._status = _OPEN
@@ -165,22 +170,22 @@ class Actor:
         actor is gone, `InvalidArgumentError` for a kind without a handler, and
         `WrongLoopError` off the actor's loop. Cancellation: `kvpool.actors`.
         """
-        slot = self._slots.new()
+        slot = self._new_slot()
         handler = self._handlers.get(type(message))
         if handler is None or self._status is not _OPEN:
             await anyio.lowlevel.checkpoint()
             if self._status is not _OPEN:
                 raise self.gone_error()
             raise InvalidArgumentError(f"no handler for message {message!r}")
-        if not handler.gives_back:
+        if not handler.gives_back and self._scope_cancelled():
             # A call that hands something out takes no effect in a cancelled scope.
-            await self._slots.checkpoint_if_cancelled()
+            await anyio.lowlevel.checkpoint()
         self._post((message, handler, slot))
         self._in_flight += 1
         try:
             return await slot
         except BaseException:
-            reply = self._slots.abandon(slot)
+            reply = self._abandon(slot)
             if reply is not NO_REPLY:
                 if handler.undo is not None:
                     self._give_back(message, reply, handler.undo)
@@ -230,41 +235,37 @@ class Actor:
         self._task_id = anyio.get_current_task().id
         receive = self._receive
         receive_nowait = receive.receive_nowait
-        handle = self._handle
+        waiters = self._waiters
         while True:
             try:
-                entry = receive_nowait()
+                message, handler, slot = receive_nowait()
             except anyio.WouldBlock:
-                if self._dirty and self._waiters:
+                if self._dirty and waiters:
                     self._pump()
                 status = self._status
-                if status is Status.CRASHED or (status is Status.CLOSED and not self._in_flight):
+                if status is _CRASHED or (status is Status.CLOSED and not self._in_flight):
                     return
-                entry = await receive.receive()
-            handle(entry)
-            if self._status is Status.CRASHED:
+                message, handler, slot = await receive.receive()
+            if slot is None or handler is None or handler.gives_back or waiters:
+                self._handle_with_care(message, handler, slot)
+                if self._status is _CRASHED:
+                    return
+                continue
+            if slot.cancelled():
+                continue  # the caller left before its turn: skipped
+            # The common case: a live caller, nobody waiting, nothing given back.
+            try:
+                reply = handler.handle(message)
+            except PoolError as exc:
+                slot.set_exception(exc)
+                continue
+            except BaseException as exc:
+                self._crash(exc, slot)
                 return
-
-    def _handle(self, entry: _Entry) -> None:
-        message, handler, slot = entry
-        if slot is None or handler is None or handler.gives_back or self._waiters:
-            self._handle_with_care(message, handler, slot)
-            return
-        if slot.cancelled():
-            return  # the caller left before its turn: skipped
-        # The common case: a live caller, nobody waiting, nothing given back.
-        try:
-            reply = handler.handle(message)
-        except PoolError as exc:
-            slot.set_exception(exc)
-            return
-        except BaseException as exc:
-            self._crash(exc, slot)
-            return
-        if reply is WAIT:
-            self._waiters.append((message, handler, slot))
-        else:
-            slot.set_result(reply)
+            if reply is WAIT:
+                waiters.append((message, handler, slot))
+            else:
+                slot.set_result(reply)
 
     def _handle_with_care(
         self, message: Any, handler: Handler[Any, Any] | None, slot: ReplySlot | None

@@ -16,10 +16,11 @@ cancel check, and ``abandon`` for a caller whose wait was interrupted.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
-import weakref
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Protocol
 
 import anyio.lowlevel
@@ -52,14 +53,15 @@ class SlotKind:
     """The reply path of one event loop: make slots, check for cancellation, abandon.
 
     ``new()`` returns a fresh slot for the calling task, or raises `WrongLoopError` when
-    the caller is not on the actor's loop. ``checkpoint_if_cancelled()`` raises the
-    loop's cancellation if the calling task's scope is cancelled, else returns at once.
-    ``abandon(slot)`` is called by a caller whose wait raised: it marks a pending slot
-    abandoned and returns `NO_REPLY`, or returns the reply that arrived unread.
+    the caller is not on the actor's loop. ``cancelled()`` tells whether the calling
+    task's scope is cancelled (a checkpoint then raises the cancellation); it is a plain
+    function because it runs on every call and is almost always false. ``abandon(slot)``
+    is called by a caller whose wait raised: it marks a pending slot abandoned and
+    returns `NO_REPLY`, or returns the reply that arrived unread.
     """
 
     new: Callable[[], ReplySlot]
-    checkpoint_if_cancelled: Callable[[], Awaitable[None]]
+    cancelled: Callable[[], bool]
     abandon: Callable[[ReplySlot], Any]
 
 
@@ -73,29 +75,37 @@ def _wrong_loop(where: str) -> WrongLoopError:
 # ------------------------------------------------------------------ asyncio, uvloop
 
 
-def _anyio_scope_check() -> Callable[[], bool] | None:
-    """A direct read of anyio's cancel-scope state for the current asyncio task.
+def _anyio_scope_check(task_of: Callable[[], Any]) -> Callable[[], bool]:
+    """Whether the current task's anyio cancel scope (up to a shield) is cancelled.
 
-    ``anyio.lowlevel.checkpoint_if_cancelled`` costs 1.4-2 us on asyncio (a sniffio
-    lookup and a WeakKeyDictionary lookup per call), more than a whole round trip to the
-    actor; this reads the same state (the task's scope chain up to a shield) in about
-    0.15 us. None if this anyio lays its state out differently: the public function is
-    used then (tests/test_actor_cancellation.py checks the two agree).
+    anyio's own ``checkpoint_if_cancelled`` costs 1.4-2 us on asyncio (a sniffio lookup
+    and a WeakKeyDictionary lookup per call), more than a whole round trip to the actor;
+    this reads the same state directly, keeping each task's anyio state in a plain dict
+    until the task is done. If this anyio lays its state out differently, anyio's public
+    ``current_effective_deadline`` answers instead (tests/test_actor_cancellation.py
+    checks the two agree).
     """
     try:
         from anyio._backends._asyncio import CancelScope, _task_states
-    except ImportError:  # pragma: no cover - a future anyio
-        return None
-    states = getattr(_task_states, "data", None)
-    if not isinstance(states, dict) or not all(
-        hasattr(CancelScope(), name) for name in ("_cancel_called", "_shield", "_parent_scope")
-    ):
-        return None  # pragma: no cover - a future anyio
-    current_task = asyncio.current_task
-    ref = weakref.ref
+
+        probe = CancelScope()
+        (probe._cancel_called, probe._shield, probe._parent_scope)  # noqa: B018
+    except (ImportError, AttributeError):  # pragma: no cover - a future anyio
+        return _deadline_passed
+    known: dict[Any, Any] = {}  # task -> its anyio TaskState, which lives as long as it
+
+    def state_of(task: Any) -> Any:
+        state = _task_states.get(task)
+        if state is not None:
+            known[task] = state
+            task.add_done_callback(known.pop)
+        return state
 
     def scope_cancelled() -> bool:
-        state = states.get(ref(current_task()))
+        task = task_of()
+        state = known.get(task)
+        if state is None:
+            state = state_of(task)
         scope = None if state is None else state.cancel_scope
         while scope is not None:
             if scope._cancel_called:
@@ -108,14 +118,8 @@ def _anyio_scope_check() -> Callable[[], bool] | None:
     return scope_cancelled
 
 
-_scope_cancelled = _anyio_scope_check()
-
-
-async def _asyncio_checkpoint_if_cancelled() -> None:
-    if _scope_cancelled is None:  # pragma: no cover - a future anyio
-        await anyio.lowlevel.checkpoint_if_cancelled()
-    elif _scope_cancelled():
-        await anyio.lowlevel.checkpoint()  # anyio delivers the cancellation here
+def _deadline_passed() -> bool:
+    return anyio.current_effective_deadline() == -math.inf
 
 
 def _abandon_future(slot: Any) -> Any:
@@ -128,18 +132,26 @@ def _abandon_future(slot: Any) -> Any:
 
 
 def asyncio_slots() -> SlotKind:
-    """Loop futures of the running asyncio (or uvloop) loop."""
+    """Futures of the running asyncio (or uvloop) loop."""
     loop = asyncio.get_running_loop()
-    create_future = loop.create_future
-    running_loop = asyncio._get_running_loop
+    new_future = partial(asyncio.Future, loop=loop)
+    owner = threading.get_ident()
+    get_ident = threading.get_ident
+    # The running task of ``loop`` in one C call (asyncio.current_task is Python in
+    # 3.11, and asyncio._get_running_loop costs 0.3-0.5 us here): None unless ``loop``
+    # is running a task, which on the owner thread means the caller is that task.
+    tasks = getattr(asyncio.tasks, "_current_tasks", None)
+    task_of: Callable[[], Any] = (
+        partial(tasks.get, loop) if isinstance(tasks, dict) else partial(asyncio.current_task, loop)
+    )
 
     def new() -> ReplySlot:
-        if running_loop() is not loop:
+        if get_ident() != owner or task_of() is None:
             raise _wrong_loop(f"thread {threading.current_thread().name!r}'s loop")
-        slot: ReplySlot = create_future()
+        slot: ReplySlot = new_future()
         return slot
 
-    return SlotKind(new, _asyncio_checkpoint_if_cancelled, _abandon_future)
+    return SlotKind(new, _anyio_scope_check(task_of), _abandon_future)
 
 
 # ----------------------------------------------------------------------------- trio
@@ -202,4 +214,9 @@ def trio_slots() -> SlotKind:
             raise _wrong_loop(f"thread {threading.current_thread().name!r}")
         return _TrioSlot(current_task())
 
-    return SlotKind(new, trio.lowlevel.checkpoint_if_cancelled, _abandon_trio)
+    current_deadline = trio.current_effective_deadline
+
+    def cancelled() -> bool:
+        return current_deadline() == -math.inf
+
+    return SlotKind(new, cancelled, _abandon_trio)
