@@ -6,10 +6,10 @@ import pytest
 
 from kvpool.engine import EngineConfig, MockEngine
 from kvpool.engine.runner import open_actor_kv, open_local_kv, run_simulation
-from kvpool.manager import ManagerClient, StepUpdate
-from kvpool.manager.messages import FinishStep
 from kvpool.errors import PoolCrashedError, UnknownRequestError
 from kvpool.events import EventCollector
+from kvpool.manager import ManagerClient, StepUpdate
+from kvpool.manager.messages import FinishStep
 from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload
 
 pytestmark = pytest.mark.anyio

@@ -89,6 +89,7 @@ def test_importing_the_sync_layers_loads_no_event_loop_and_no_actor(module: str)
 def test_the_top_level_namespace_loads_the_async_layers_on_first_use() -> None:
     import kvpool
 
-    assert callable(kvpool.open_pool) and callable(kvpool.open_manager)
+    assert callable(kvpool.open_pool)
+    assert callable(kvpool.open_manager)
     with pytest.raises(AttributeError):
         _ = kvpool.no_such_name  # type: ignore[attr-defined]
