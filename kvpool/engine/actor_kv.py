@@ -126,11 +126,13 @@ class ActorKvClient:
         Cancellation: skipped or simply unread."""
         return await self._client.prefill_cost(request_id)
 
-    async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
+    async def allocate(
+        self, request_id: str, num_tokens: int, *, cache: bool = False
+    ) -> Allocation | None:
         """Return the `Allocation`, or None if it does not fit now (never waits).
         Raises as `KvClient.allocate`. Cancellation: skipped, or undone (the blocks it
-        added released leaf first)."""
-        return await self._client.allocate(request_id, num_tokens)
+        added released leaf first; blocks it made visible stay resident, idle)."""
+        return await self._client.allocate(request_id, num_tokens, cache=cache)
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """Move the watermark; returns None. Raises as `KvClient.mark_computed`.
