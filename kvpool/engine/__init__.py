@@ -33,11 +33,13 @@ from kvpool.engine.runner import (
     run_simulation,
 )
 from kvpool.engine.simulation import Dispatch, Simulation
+from kvpool.engine.timing import DynamoTiming, ProfileDataError, ProfileTiming, StepTiming, StepWork
 
 __all__ = [
     "KV_BACKENDS",
     "Dispatch",
     "Distribution",
+    "DynamoTiming",
     "EngineConfig",
     "EngineStats",
     "KvClient",
@@ -45,12 +47,16 @@ __all__ = [
     "LocalKvClient",
     "MockEngine",
     "PreemptionMode",
+    "ProfileDataError",
+    "ProfileTiming",
     "Report",
     "Simulation",
     "SimulationRun",
     "StepOutcome",
     "StepResult",
+    "StepTiming",
     "StepUpdate",
+    "StepWork",
     "TimedKvClient",
     "TimingModel",
     "WorkerReport",

@@ -68,6 +68,7 @@ from kvpool.engine.config import EngineConfig
 from kvpool.engine.kv_client import KvClient, KvUsage, StepUpdate
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
+from kvpool.engine.timing import StepWork
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEventBatch
 from kvpool.workloads import RequestSpec
@@ -125,8 +126,9 @@ class MockEngine:
         # The pool's active blocks as of now, kept within a step from the allocations'
         # exact effect (fresh blocks, plus inactive cached blocks a first allocation
         # pins) and re-read after every step; -1 until the first step reads it. A
-        # preemption makes it an overestimate until the step ends, but a step that
-        # preempted admits nobody, so the admission check never reads it stale.
+        # preemption makes it an overestimate (a step that preempted admits nobody, so
+        # the admission check never reads it stale) until it is re-read after the
+        # schedule, so the timing model sees the pool after the step's allocations.
         self._num_active = -1
 
     def __repr__(self) -> str:
@@ -212,6 +214,8 @@ class MockEngine:
         scheduled = await self._schedule()
         if not scheduled:
             raise RuntimeError(f"the scheduler made no progress: {self!r}")
+        if self._preempted:  # the running count overestimates after a preemption
+            self._num_active = (await self.kv.usage()).num_active
         duration, finished = await self._execute(scheduled)
         return StepResult(
             clock=self.clock,
@@ -343,20 +347,37 @@ class MockEngine:
         """Advance the clock by the step's cost, then apply its results."""
         kv = self.kv
         stats = self.stats
-        prefill_tokens = 0
-        decode_seqs = 0
+        prefill_tokens = decode_seqs = 0
+        prefill_requests = prompt_start = prompt_end = emitting = context_tokens = 0
         for request, num_new in scheduled.items():
+            before = request.num_computed
             # a decode computes the one token sampled last step (a recomputation that
             # happens to have one token left costs the same, and counts as one)
-            if (
-                num_new == 1
-                and request.num_output
-                and request.num_computed + 1 == request.num_tokens
-            ):
+            if num_new == 1 and request.num_output and before + 1 == request.num_tokens:
                 decode_seqs += 1
             else:
                 prefill_tokens += num_new
-        duration = self.config.timing.step_time(prefill_tokens, decode_seqs)
+            prompt = request.spec.input_length
+            if before < prompt:  # prompt tokens computed (Dynamo's prefill batch)
+                prefill_requests += 1
+                prompt_start += before
+                prompt_end += min(before + num_new, prompt)
+            if before + num_new == request.num_tokens:  # samples a token this step
+                emitting += 1
+                context_tokens += request.num_tokens
+        work = StepWork(
+            prefill_tokens=prefill_tokens,
+            decode_seqs=decode_seqs,
+            prefill_requests=prefill_requests,
+            prompt_start=prompt_start,
+            prompt_end=prompt_end,
+            emitting=emitting,
+            context_tokens=context_tokens,
+            active_blocks=self._num_active,
+            capacity=self.config.num_gpu_blocks,
+            block_size=self.config.block_size,
+        )
+        duration = self.config.timing.duration(work)
         self.clock += duration
         now = self.clock
         stats.steps += 1
