@@ -44,8 +44,9 @@ last block in their first step. The corner cases, as vLLM 0.33 decides them:
 - *A victim preempted in the step it was scheduled* (only the FIFO victim can be; a
   LIFO victim is never yet scheduled, as in vLLM's FCFS policy): its tokens go back to
   the budget and its blocks are released leaf first, but the blocks it made visible
-  stay cached (idle in the LRU, no BlockRemoved), as vLLM's freed blocks keep their
-  hash. Blocks that were never allocated (the failing request's) cache nothing.
+  stay cached, idle in the LRU, as vLLM's freed blocks keep their hash: the preemption
+  removes nothing, a later eviction may (the allocation that preempted it, even).
+  An allocation that fails (the preempting request's, before it fits) caches nothing.
 - *Chunked prefill off*: a prompt is scheduled whole, so all its full blocks are
   visible at once; *prefix caching off*: nothing is hashed, cached or published.
 
@@ -388,7 +389,7 @@ class MockEngine:
         finished: list[str] = []
         updates: list[StepUpdate] = []
         for request, num_new in scheduled.items():
-            # The manager already counts these tokens computed: the schedule marked them.
+            # Every block these tokens fill was made visible when they were scheduled.
             request.num_computed = computed = request.num_computed + num_new
             if computed < request.num_tokens:  # a prefill chunk: nothing to sample yet
                 continue
