@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
+from kvpool.engine.timing import DynamoTiming, ProfileTiming, StepTiming
 from kvpool.errors import PoolError, TraceError
 from kvpool.workloads import (
     MOONCAKE_BLOCK_SIZE,
@@ -43,8 +44,10 @@ up, blocks are evicted and requests are preempted, in a few seconds of wall time
 """
 
 _EPILOG = """\
-timing model: each engine step takes
+timing model: each engine step takes (linear, the default)
   step-overhead + prefill-per-token * prefill tokens + decode-per-seq * decoding sequences
+or (dynamo) 4.209989e-7*T^2 + 1.518344e-2*T + 16.50142 ms if it computes T prompt tokens,
+plus max(1, -25.74*p^2 + 54.01*p + 5.74) ms if it samples a token, p = KV usage,
 of simulated time; --speedup-ratio 0 (the default) runs as fast as possible, a ratio R > 0
 paces the run so simulated time passes R times faster than wall time.
 
@@ -197,6 +200,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="US",
         help="timing model: cost per decoding sequence (default: %(default)s)",
     )
+    engine.add_argument(
+        "--timing-model",
+        choices=("linear", "dynamo"),
+        default="linear",
+        help="step time: linear (the three flags above) or dynamo (Dynamo mocker 1.4.0's "
+        "default polynomial in the step's prompt tokens and KV usage) (default: %(default)s)",
+    )
+    engine.add_argument(
+        "--planner-profile-data",
+        metavar="FILE.npz",
+        help="with --timing-model dynamo: interpolate step times from a Dynamo planner "
+        "profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
+        "decode_context_length, decode_itl) instead of the polynomial (needs numpy)",
+    )
 
     cluster = sim.add_argument_group("run")
     cluster.add_argument(
@@ -292,7 +309,26 @@ def _fail(message: str) -> int:
     return 1
 
 
+def _timing(args: argparse.Namespace) -> StepTiming:
+    """The step-time model the flags choose (a planner profile is loaded here)."""
+    if args.timing_model == "linear":
+        return TimingModel(
+            step_overhead_s=args.step_overhead_ms / 1e3,
+            prefill_token_s=args.prefill_us_per_token / 1e6,
+            decode_seq_s=args.decode_us_per_seq / 1e6,
+        )
+    if args.planner_profile_data is None:
+        return DynamoTiming()
+    return ProfileTiming.from_npz(args.planner_profile_data)
+
+
 def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.planner_profile_data is not None and args.timing_model != "dynamo":
+        parser.error("--planner-profile-data needs --timing-model dynamo")
+    try:
+        timing = _timing(args)
+    except (PoolError, ImportError) as exc:
+        return _fail(str(exc))
     try:
         config = EngineConfig(
             num_gpu_blocks=args.num_gpu_blocks,
@@ -302,11 +338,7 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             enable_prefix_caching=args.enable_prefix_caching,
             enable_chunked_prefill=args.enable_chunked_prefill,
             preemption_mode=args.preemption_mode,
-            timing=TimingModel(
-                step_overhead_s=args.step_overhead_ms / 1e3,
-                prefill_token_s=args.prefill_us_per_token / 1e6,
-                decode_seq_s=args.decode_us_per_seq / 1e6,
-            ),
+            timing=timing,
         )
     except PoolError as exc:
         parser.error(str(exc))

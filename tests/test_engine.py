@@ -209,7 +209,7 @@ async def test_decode_grows_the_block_table_one_block_at_a_time() -> None:
     assert all(b - a <= 1 for a, b in itertools.pairwise(seen))
 
 
-async def test_blocks_become_visible_only_once_computed() -> None:
+async def test_blocks_become_visible_in_the_step_that_schedules_them() -> None:
     collector = EventCollector()
     config = EngineConfig(block_size=4, num_gpu_blocks=64, max_num_batched_tokens=8)
     kv = LocalKvClient.create(64, 4)
@@ -224,7 +224,8 @@ async def test_blocks_become_visible_only_once_computed() -> None:
         stored_per_step.append(
             sum(len(e.block_hashes) for b in new for e in b.events if isinstance(e, BlockStored))
         )
-    # 8 + 8 + 2 prompt tokens, then decode: the 5th block fills with the 20th token
+    # 8 + 8 + 2 prompt tokens, then decode: the 5th block fills with the 20th token,
+    # scheduled in the 5th step; each step's batch holds what that step scheduled full
     assert stored_per_step == [2, 2, 0, 0, 1]
     assert all(b.data_parallel_rank == 3 for b in collector.batches)
     assert [b.ts for b in collector.batches] == sorted(b.ts for b in collector.batches)

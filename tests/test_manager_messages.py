@@ -35,6 +35,7 @@ MESSAGES: list[ManagerMessage] = [
     GetPrefillCost("r1"),
     AllocateSlots("r1", 17),
     AllocateSlots("r1", 17, wait=True),
+    AllocateSlots("r1", 17, cache=True),
     MarkComputed("r1", 16),
     FreeRequest("r1"),
     PreemptRequest("r1"),

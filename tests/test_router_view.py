@@ -73,6 +73,7 @@ class Workload:
     capacity: int = 24
     max_running: int = 4
     enable_prefix_caching: bool = True
+    cache_on_allocate: bool = False  # vLLM's allocate_slots: visible when scheduled
     rng: random.Random = field(init=False)
     manager: KvManager = field(init=False)
     view: RouterView = field(init=False)
@@ -126,7 +127,7 @@ class Workload:
                 self.outputs_left[request_id] -= 1
                 total += 1
             target = min(total, computed + self.rng.randrange(1, 9))
-            while manager.allocate(request_id, target) is None:
+            while manager.allocate(request_id, target, cache=self.cache_on_allocate) is None:
                 victim = self.running.pop()  # LIFO: the newest running request
                 manager.preempt(victim)
                 self.waiting.appendleft(victim)
@@ -142,11 +143,12 @@ class Workload:
             cost = manager.prefill_cost(request_id)
             start = cost.cached_blocks * BLOCK_SIZE
             target = min(manager.num_tokens(request_id), start + self.rng.randrange(1, 12))
-            allocation = manager.allocate(request_id, target)
+            allocation = manager.allocate(request_id, target, cache=self.cache_on_allocate)
             if allocation is None:
                 return
             assert allocation.cached_blocks == cost.cached_blocks
-            assert manager.num_computed_tokens(request_id) == start
+            computed = target if self.cache_on_allocate else start
+            assert manager.num_computed_tokens(request_id) == computed
             self.waiting.popleft()
             self.running.append(request_id)
             self._compute(request_id, target)
@@ -176,10 +178,11 @@ def _total(stats: list[ManagerStats]) -> tuple[int, int, int]:
     )
 
 
-def test_router_view_equals_resident_hashes_under_a_busy_workload() -> None:
+@pytest.mark.parametrize("cache_on_allocate", [False, True])
+def test_router_view_equals_resident_hashes_under_a_busy_workload(cache_on_allocate: bool) -> None:
     stats = []
     for seed in range(8):
-        workload = Workload(seed)
+        workload = Workload(seed, cache_on_allocate=cache_on_allocate)
         workload.run(250)
         stats.append(workload.manager.stats())
         assert workload.flushes > 0
@@ -195,11 +198,14 @@ def test_router_view_equals_resident_hashes_under_a_busy_workload() -> None:
     seed=st.integers(0, 2**32 - 1),
     capacity=st.integers(12, 40),
     max_running=st.integers(1, 6),
+    cache_on_allocate=st.booleans(),
 )
 def test_router_view_invariants_hold_for_any_seed(
-    seed: int, capacity: int, max_running: int
+    seed: int, capacity: int, max_running: int, cache_on_allocate: bool
 ) -> None:
-    Workload(seed, capacity=capacity, max_running=max_running).run(120)
+    Workload(
+        seed, capacity=capacity, max_running=max_running, cache_on_allocate=cache_on_allocate
+    ).run(120)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

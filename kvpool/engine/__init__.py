@@ -26,11 +26,13 @@ from kvpool.engine.runner import (
     run_simulation,
 )
 from kvpool.engine.simulation import Dispatch, Simulation
+from kvpool.engine.timing import DynamoTiming, ProfileDataError, ProfileTiming, StepTiming, StepWork
 
 __all__ = [
     "KV_BACKENDS",
     "Dispatch",
     "Distribution",
+    "DynamoTiming",
     "EngineConfig",
     "EngineStats",
     "KvClient",
@@ -38,10 +40,14 @@ __all__ = [
     "LocalKvClient",
     "MockEngine",
     "PreemptionMode",
+    "ProfileDataError",
+    "ProfileTiming",
     "Report",
     "Simulation",
     "SimulationRun",
     "StepResult",
+    "StepTiming",
+    "StepWork",
     "TimedKvClient",
     "TimingModel",
     "WorkerReport",

@@ -1,10 +1,12 @@
-"""The mock engine's knobs, named after vLLM's and the mockers' flags, and its timing model."""
+"""The mock engine's knobs, named after vLLM's and the mockers' flags, and its default
+(linear) timing model; Dynamo's models are in `kvpool.engine.timing`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kvpool.engine.timing import StepTiming, StepWork
 from kvpool.errors import InvalidArgumentError
 
 PreemptionMode = Literal["lifo", "fifo"]
@@ -40,6 +42,10 @@ class TimingModel:
             + self.decode_seq_s * decode_seqs
         )
 
+    def duration(self, work: StepWork) -> float:
+        """`step_time` of the step's prefill tokens and decoding sequences."""
+        return self.step_time(work.prefill_tokens, work.decode_seqs)
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -52,7 +58,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     preemption_mode: PreemptionMode = "lifo"
-    timing: TimingModel = field(default_factory=TimingModel)
+    timing: StepTiming = field(default_factory=TimingModel)
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -66,3 +72,5 @@ class EngineConfig:
         for name in ("enable_prefix_caching", "enable_chunked_prefill"):
             if type(getattr(self, name)) is not bool:
                 raise InvalidArgumentError(f"{name} must be a bool")
+        if not callable(getattr(self.timing, "duration", None)):
+            raise InvalidArgumentError(f"timing must be a step-time model, got {self.timing!r}")

@@ -19,16 +19,41 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
    fresh blocks plus the inactive cached prefix it would pin exceed what is free or
    evictable (Dynamo's check; exactly when the allocation would fail); the first request
    that does not fit stops admission for this step.
-3. *Execution*: the simulated clock advances by the `TimingModel`'s step time; each
-   scheduled request's computed count grows (the manager's visibility watermark follows
-   whenever a block fills); a request that has computed all its tokens samples one, and
-   finishes, releasing its blocks leaf first, after its last output token. All of that
-   reaches the manager in one `KvClient.finish_step` call, which also drains the step's
-   KV events (one `KVEventBatch` to the sink, if any) and reads the KV usage.
+3. *Execution*: the simulated clock advances by the timing model's step time; each
+   scheduled request's computed count grows; a request that has computed all its tokens
+   samples one, and finishes, releasing its blocks leaf first, after its last output
+   token. The frees reach the manager in one `KvClient.finish_step` call, which also
+   drains the step's KV events (one `KVEventBatch` to the sink, if any) and reads the
+   KV usage.
 
-Generated tokens reach the manager lazily, with the watermark move of the block they
-fill (or before an allocation or preemption needs them): a partial block has no hash,
-so the manager loses nothing by waiting, and a decode step costs no call of its own.
+*Same-step visibility* (vLLM v1's ``KVCacheManager.allocate_slots``, which Dynamo's
+mocker follows): when a request is scheduled, its full blocks through its computed plus
+newly scheduled tokens become cache-visible at once (``allocate(..., cache=True)``),
+with their BlockStored events in this step's batch, so a request scheduled later in the
+same step already hits them: two identical prompts arriving together share all but the
+last block in their first step. The corner cases, as vLLM 0.33 decides them:
+
+- *Decode tokens not yet known*: vLLM caches through ``min(computed + new,
+  num_tokens)``. Here a step only schedules tokens the request has (the one sampled
+  last step included), so the cap never bites; a token sampled in this step is known
+  only after it and is cached when a later step schedules its block full.
+- *The last prompt token*: it is always computed (a hit reuses at most ``num_tokens - 1``
+  tokens), but a prompt that ends on a block boundary has its last block cached when
+  scheduled, like any full block; a duplicate then recomputes its last block and caches
+  that copy as a duplicate of a visible hash (no second Stored).
+- *A victim preempted in the step it was scheduled* (only the FIFO victim can be; a
+  LIFO victim is never yet scheduled, as in vLLM's FCFS policy): its tokens go back to
+  the budget and its blocks are released leaf first, but the blocks it made visible
+  stay cached, idle in the LRU, as vLLM's freed blocks keep their hash: the preemption
+  removes nothing, a later eviction may (the allocation that preempted it, even).
+  An allocation that fails (the preempting request's, before it fits) caches nothing.
+- *Chunked prefill off*: a prompt is scheduled whole, so all its full blocks are
+  visible at once; *prefix caching off*: nothing is hashed, cached or published.
+
+Generated tokens reach the manager lazily, before a call that needs them (an allocation,
+a block filling, a preemption): a partial block has no hash, so the manager loses
+nothing by waiting, and a decode step that neither grows the table nor fills a block
+costs no call of its own.
 
 A request that could never run - more blocks than the pool holds for its prompt plus its
 output, or, with chunked prefill off, more tokens than one step's budget - is rejected
@@ -44,6 +69,7 @@ from kvpool.engine.config import EngineConfig
 from kvpool.engine.kv_client import KvClient, KvUsage
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
+from kvpool.engine.timing import StepWork
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEventBatch
 from kvpool.manager import StepUpdate
@@ -102,8 +128,9 @@ class MockEngine:
         # The pool's active blocks as of now, kept within a step from the allocations'
         # exact effect (fresh blocks, plus inactive cached blocks a first allocation
         # pins) and re-read after every step; -1 until the first step reads it. A
-        # preemption makes it an overestimate until the step ends, but a step that
-        # preempted admits nobody, so the admission check never reads it stale.
+        # preemption makes it an overestimate (a step that preempted admits nobody, so
+        # the admission check never reads it stale) until it is re-read after the
+        # schedule, so the timing model sees the pool after the step's allocations.
         self._num_active = -1
 
     def __repr__(self) -> str:
@@ -189,6 +216,8 @@ class MockEngine:
         scheduled = await self._schedule()
         if not scheduled:
             raise RuntimeError(f"the scheduler made no progress: {self!r}")
+        if self._preempted:  # the running count overestimates after a preemption
+            self._num_active = (await self.kv.usage()).num_active
         duration, finished = await self._execute(scheduled)
         return StepResult(
             clock=self.clock,
@@ -219,16 +248,21 @@ class MockEngine:
         running = self.running
         preempted = False
 
+        caching = config.enable_prefix_caching
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             num_new = min(request.num_tokens - request.num_computed, budget)
             target = request.num_computed + num_new
-            fits = -(-target // bs) <= request.num_blocks
+            # A call is needed when the table must grow, or when a block fills: it turns
+            # cache-visible now, at schedule time, as in vLLM (see the module docstring).
+            fits = -(-target // bs) <= request.num_blocks and not (
+                caching and target // bs > request.num_computed // bs
+            )
             if not fits and request.pending:
                 await self._flush(request)
             while not fits:
-                allocation = await kv.allocate(request.request_id, target)
+                allocation = await kv.allocate(request.request_id, target, cache=True)
                 if allocation is not None:
                     self._num_active += len(allocation.block_ids)  # fresh blocks only
                     request.num_blocks += len(allocation.block_ids)
@@ -252,7 +286,6 @@ class MockEngine:
         if preempted:
             return scheduled
         waiting = self.waiting
-        caching = config.enable_prefix_caching
         while waiting and budget > 0 and len(running) < config.max_num_seqs:
             request = waiting[0]
             cached_blocks = inactive_cached = 0
@@ -272,7 +305,7 @@ class MockEngine:
             fresh = -(-(cached + num_new) // bs) - cached_blocks
             if fresh + inactive_cached > config.num_gpu_blocks - self._num_active:
                 break
-            allocation = await kv.allocate(request.request_id, cached + num_new)
+            allocation = await kv.allocate(request.request_id, cached + num_new, cache=True)
             if allocation is None:
                 break
             if allocation.cached_blocks * bs != cached:
@@ -310,22 +343,37 @@ class MockEngine:
         """Advance the clock by the step's cost, then apply its results."""
         kv = self.kv
         stats = self.stats
-        bs = self.config.block_size
-        caching = self.config.enable_prefix_caching
-        prefill_tokens = 0
-        decode_seqs = 0
+        prefill_tokens = decode_seqs = 0
+        prefill_requests = prompt_start = prompt_end = emitting = context_tokens = 0
         for request, num_new in scheduled.items():
+            before = request.num_computed
             # a decode computes the one token sampled last step (a recomputation that
             # happens to have one token left costs the same, and counts as one)
-            if (
-                num_new == 1
-                and request.num_output
-                and request.num_computed + 1 == request.num_tokens
-            ):
+            if num_new == 1 and request.num_output and before + 1 == request.num_tokens:
                 decode_seqs += 1
             else:
                 prefill_tokens += num_new
-        duration = self.config.timing.step_time(prefill_tokens, decode_seqs)
+            prompt = request.spec.input_length
+            if before < prompt:  # prompt tokens computed (Dynamo's prefill batch)
+                prefill_requests += 1
+                prompt_start += before
+                prompt_end += min(before + num_new, prompt)
+            if before + num_new == request.num_tokens:  # samples a token this step
+                emitting += 1
+                context_tokens += request.num_tokens
+        work = StepWork(
+            prefill_tokens=prefill_tokens,
+            decode_seqs=decode_seqs,
+            prefill_requests=prefill_requests,
+            prompt_start=prompt_start,
+            prompt_end=prompt_end,
+            emitting=emitting,
+            context_tokens=context_tokens,
+            active_blocks=self._num_active,
+            capacity=self.config.num_gpu_blocks,
+            block_size=self.config.block_size,
+        )
+        duration = self.config.timing.duration(work)
         self.clock += duration
         now = self.clock
         stats.steps += 1
@@ -336,15 +384,9 @@ class MockEngine:
         finished: list[str] = []
         updates: list[StepUpdate] = []
         for request, num_new in scheduled.items():
-            before = request.num_computed
-            request.num_computed = computed = before + num_new
-            # The watermark only moves on whole blocks: tell the manager when one fills,
-            # with the generated tokens it has not seen yet (they fill that block).
-            mark = caching and computed // bs > before // bs
+            # Every block these tokens fill was made visible when they were scheduled.
+            request.num_computed = computed = request.num_computed + num_new
             if computed < request.num_tokens:  # a prefill chunk: nothing to sample yet
-                if mark:
-                    updates.append(StepUpdate(request.request_id, request.pending, computed, False))
-                    request.pending = []
                 continue
             if request.first_token_s is None:
                 request.first_token_s = now
@@ -355,16 +397,10 @@ class MockEngine:
             stats.generated_tokens += 1
             if request.num_output < spec.output_length:
                 request.num_tokens += 1
-                request.pending.append(token)
-                if mark:  # the new token goes along: the next decode allocates for it
-                    updates.append(StepUpdate(request.request_id, request.pending, computed, False))
-                    request.pending = []
+                request.pending.append(token)  # the manager gets it when a call needs it
                 continue
             # finished: the last token is never computed, so it never reaches the manager
-            if mark:
-                updates.append(StepUpdate(request.request_id, request.pending, computed, True))
-            else:
-                updates.append(StepUpdate(request.request_id, [], -1, True))
+            updates.append(StepUpdate(request.request_id, [], -1, True))
             request.finish_s = now
             finished.append(request.request_id)
             stats.completed += 1

@@ -73,9 +73,12 @@ class KvClient(Protocol):
         """
         ...
 
-    async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
+    async def allocate(
+        self, request_id: str, num_tokens: int, *, cache: bool = False
+    ) -> Allocation | None:
         """Grow the table to hold ``num_tokens``; return the `Allocation`, or None when
-        it does not fit (nothing changed).
+        it does not fit (nothing changed). With ``cache``, also mark ``num_tokens``
+        computed, making the full blocks they cover visible (vLLM's ``allocate_slots``).
 
         Raises `UnknownRequestError`, `TokenCountError`, `CapacityError`.
         """
@@ -174,8 +177,10 @@ class LocalKvClient:
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         return self._manager.prefill_cost(request_id)
 
-    async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
-        return self._manager.allocate(request_id, num_tokens)
+    async def allocate(
+        self, request_id: str, num_tokens: int, *, cache: bool = False
+    ) -> Allocation | None:
+        return self._manager.allocate(request_id, num_tokens, cache=cache)
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         self._manager.mark_computed(request_id, num_computed_tokens)
@@ -234,8 +239,10 @@ class TimedKvClient:
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         return await self._timed(self._inner.prefill_cost(request_id))
 
-    async def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
-        return await self._timed(self._inner.allocate(request_id, num_tokens))
+    async def allocate(
+        self, request_id: str, num_tokens: int, *, cache: bool = False
+    ) -> Allocation | None:
+        return await self._timed(self._inner.allocate(request_id, num_tokens, cache=cache))
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         await self._timed(self._inner.mark_computed(request_id, num_computed_tokens))

@@ -102,19 +102,23 @@ class ManagerClient:
         return reply.cost
 
     async def allocate(
-        self, request_id: str, num_tokens: int, *, wait: bool = False
+        self, request_id: str, num_tokens: int, *, wait: bool = False, cache: bool = False
     ) -> Allocation | None:
         """Grow the request's table to hold ``num_tokens``; return the `Allocation`.
 
         Returns None when it does not fit now (nothing changed), unless ``wait``: then
-        the call queues FIFO behind earlier waiters and returns once it fits. Raises
+        the call queues FIFO behind earlier waiters and returns once it fits. With
+        ``cache``, the allocated tokens are also marked computed, making the full blocks
+        they cover visible (`KvManager.allocate`). Raises
         `UnknownRequestError`, `TokenCountError`, `InvalidArgumentError`, and
         `CapacityError` when it could never fit. Cancellation: skipped, or undone (its
         blocks released leaf first, computed count clipped; a BlockRemoved for what it
         evicted stays in the stream, as those hashes really are gone); a cancelled
         waiter leaves the FIFO without a trace.
         """
-        reply: AllocationReply = await self._call(AllocateSlots(request_id, num_tokens, wait))
+        reply: AllocationReply = await self._call(
+            AllocateSlots(request_id, num_tokens, wait, cache)
+        )
         return reply.allocation
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:

@@ -72,7 +72,9 @@ class ManagerHandlers:
         }
 
     def allocate(self, message: AllocateSlots) -> AllocationReply | Wait:
-        allocation = self.manager.allocate(message.request_id, message.num_tokens)
+        allocation = self.manager.allocate(
+            message.request_id, message.num_tokens, cache=message.cache
+        )
         if allocation is None:
             return WAIT if message.wait else _NO_ROOM
         return AllocationReply(allocation)

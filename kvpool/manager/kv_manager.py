@@ -15,7 +15,11 @@ Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV ev
   changes nothing (no event, no counter).
 - ``mark_computed`` moves the visibility watermark: a full block is ``cache_private``'d
   only once the computed-token count covers it whole, so a partial tail is promoted when
-  it fills, and over-allocated future blocks stay private. A BlockStored event is queued
+  it fills, and over-allocated future blocks stay private. ``allocate(..., cache=True)``
+  is vLLM v1's ``allocate_slots``: it also moves the watermark to the allocated token
+  count, so a scheduler makes a request's full blocks visible when it *schedules* them
+  (vLLM advances ``num_computed_tokens`` at schedule time too) and a later request of
+  the same step already hits them. A BlockStored event is queued
   only for 0 -> 1 transitions; consecutive ones of one call form one event whose parent
   is the first block's parent, and a block whose hash was already visible splits it.
 - Preemption and completion release the table leaf first, so the leaf is evicted first.
@@ -191,13 +195,21 @@ class KvManager:
         cached, active = self._pool.match_prefix(state.hashes, self._prefix_limit(state))
         return PrefillCost(cached, active, max(0, needed - cached))
 
-    def allocate(self, request_id: str, num_tokens: int) -> Allocation | None:
+    def allocate(
+        self, request_id: str, num_tokens: int, *, cache: bool = False
+    ) -> Allocation | None:
         """Grow the request's table to hold ``num_tokens`` tokens.
 
         The first allocation (empty table) also reuses the resident cached prefix; the
         table then holds ``max(prefix, ceil(num_tokens / block_size))`` blocks and the
         request's computed count becomes ``prefix * block_size``. A table already large
         enough is left as it is (an empty `Allocation`).
+
+        With ``cache`` (vLLM's ``allocate_slots``), once the blocks are in the table the
+        computed count becomes ``max(computed, num_tokens)`` and the full blocks it
+        covers become cache-visible, as `mark_computed` would make them: the scheduler
+        passes the tokens it schedules, so they are visible from that moment on. An
+        allocation that does not fit caches nothing.
 
         Returns the `Allocation`, or None when the blocks do not fit even after evicting
         every evictable inactive block (nothing changed, no event queued). Raises
@@ -208,6 +220,8 @@ class KvManager:
         state = self._get(request_id)
         if type(num_tokens) is not int or num_tokens < 0:
             check_count(num_tokens, "num_tokens")
+        if type(cache) is not bool:
+            raise InvalidArgumentError(f"cache must be a bool, got {cache!r}")
         if num_tokens > len(state.tokens):
             raise TokenCountError(
                 f"request {request_id!r} has {len(state.tokens)} tokens; "
@@ -216,6 +230,8 @@ class KvManager:
         table = state.table
         needed = -(-num_tokens // self._block_size)
         if table and needed <= len(table):  # the common decode step: nothing to add
+            if cache:
+                self._advance(state, num_tokens)
             return Allocation([], 0, [])
         prefix = [] if table else self._prefix_of(state)
         needed = max(len(prefix), needed)
@@ -225,7 +241,7 @@ class KvManager:
                 f"{self._pool.capacity}"
             )
         fresh = needed - len(table) - len(prefix)
-        if fresh <= 0 and not prefix:
+        if fresh <= 0 and not prefix:  # an empty table asked for 0 tokens: nothing to do
             return Allocation([], 0, [])
 
         pool = self._pool
@@ -248,6 +264,8 @@ class KvManager:
             state.computed = len(prefix) * self._block_size
             state.visible = len(prefix)
         table.extend(new_ids)
+        if cache:
+            self._advance(state, num_tokens)
         return Allocation(new_ids, len(prefix), list(removed))
 
     def undo_allocation(self, request_id: str, allocation: Allocation) -> bool:
@@ -307,13 +325,7 @@ class KvManager:
                 f"request {request_id!r} has {len(state.tokens)} tokens in "
                 f"{len(state.table)} blocks; cannot mark {computed} computed"
             )
-        state.computed = computed
-        if not self._caching:
-            return
-        full = computed // self._block_size
-        if full > state.visible:
-            self._promote(state, state.visible, full)
-            state.visible = full
+        self._advance(state, computed)
 
     # ---------------------------------------------------------------- queries
 
@@ -476,6 +488,19 @@ class KvManager:
     def _prefix_limit(self, state: RequestState) -> int:
         """At most this many leading blocks are reused: the last token is always computed."""
         return (len(state.tokens) - 1) // self._block_size
+
+    def _advance(self, state: RequestState, computed: int) -> None:
+        """Raise the computed count to ``computed`` (checked by the caller: it fits the
+        tokens and the table) and cache the full blocks it newly covers."""
+        if computed <= state.computed:
+            return
+        state.computed = computed
+        if not self._caching:
+            return
+        full = computed // self._block_size
+        if full > state.visible:
+            self._promote(state, state.visible, full)
+            state.visible = full
 
     def _promote(self, state: RequestState, start: int, stop: int) -> None:
         """Cache table blocks ``[start, stop)`` and queue Stored events for new hashes."""

@@ -41,12 +41,14 @@ class AllocateSlots(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.allocate``: grow the table to hold ``num_tokens`` tokens.
 
     With ``wait`` a request that does not fit yet joins the actor's FIFO of waiters and
-    is granted once capacity allows, instead of getting None.
+    is granted once capacity allows, instead of getting None. With ``cache`` the
+    allocated tokens are also marked computed (vLLM's ``allocate_slots``).
     """
 
     request_id: str
     num_tokens: int
     wait: bool = False
+    cache: bool = False
 
 
 class MarkComputed(msgspec.Struct, frozen=True, gc=False, tag=True):

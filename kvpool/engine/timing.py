@@ -1,0 +1,234 @@
+"""Step-time models: what a step did (`StepWork`) in, simulated seconds out.
+
+The linear default lives in `kvpool.engine.config` (`TimingModel`). Here are Dynamo
+mocker 1.4.0's two models, read off its vLLM engine core: the *polynomial* default
+(`DynamoTiming`) and the *interpolated* one built from a planner profile file
+(`ProfileTiming`, ``--planner-profile-data``). A Dynamo pass lasts prefill plus decode:
+
+- prefill is charged only if some request computes prompt tokens in the step. Its
+  input is T = n * (floor(sum(end) / n) - floor(sum(start) / n)) over the n requests
+  that do, where start and end are the prompt tokens computed (a reused prefix
+  included) before and after the step: Dynamo works from the batch's mean input length
+  and mean prefix, each an integer. T is the step's prompt tokens, give or take the
+  two floors (it can differ by less than n). Recomputed output tokens (a preempted
+  request catching up) are not prompt tokens and cost nothing here, as in Dynamo.
+- decode is charged only if some request samples a token in the step, at least 1 ms.
+  Dynamo reads the pool's active blocks *after* the step's allocations (preemptions
+  included) and before the sampled tokens need blocks of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Protocol
+
+from kvpool.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True, slots=True)
+class StepWork:
+    """What one step computed, as the timing models read it.
+
+    ``prefill_tokens``/``decode_seqs``: tokens computed outside decodes and sequences
+    decoding one token (the linear model). ``prefill_requests``: requests computing
+    prompt tokens; ``prompt_start``/``prompt_end``: their prompt tokens computed (cached
+    prefix included) before and after the step, summed. ``emitting``: requests sampling
+    a token; ``context_tokens``: their sequence lengths (prompt plus generated) summed.
+    ``active_blocks``: the pool's active blocks after the step's allocations, of
+    ``capacity`` blocks of ``block_size`` tokens.
+    """
+
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+    prefill_requests: int = 0
+    prompt_start: int = 0
+    prompt_end: int = 0
+    emitting: int = 0
+    context_tokens: int = 0
+    active_blocks: int = 0
+    capacity: int = 1
+    block_size: int = 16
+
+    @property
+    def dynamo_prompt_tokens(self) -> int:
+        """Dynamo's T: batch size times (mean prompt end - mean prompt start), integer means."""
+        n = self.prefill_requests
+        if not n:
+            return 0
+        return n * (self.prompt_end // n - self.prompt_start // n)
+
+
+class StepTiming(Protocol):
+    """A step-time model: simulated seconds of a step that did ``work``."""
+
+    def duration(self, work: StepWork) -> float:
+        """Simulated seconds of the step (>= 0)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DynamoTiming:
+    """Dynamo mocker 1.4.0's default ("polynomial") model, per step (ms):
+
+    ``4.209989e-7*T^2 + 1.518344e-2*T + 16.50142`` if the step prefills, plus
+    ``max(1, -25.74*p^2 + 54.01*p + 5.74)`` with p = active blocks / capacity if it
+    samples a token.
+    """
+
+    def duration(self, work: StepWork) -> float:
+        ms = 0.0
+        if work.prefill_requests:
+            t = work.dynamo_prompt_tokens
+            ms += 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
+        if work.emitting:
+            p = work.active_blocks / work.capacity
+            ms += max(1.0, -25.74 * p * p + 54.01 * p + 5.74)
+        return ms / 1e3
+
+
+class ProfileDataError(InvalidArgumentError):
+    """A planner profile file that cannot be used: unreadable, or an array missing,
+    misshapen, non-numeric, non-finite, or an axis not strictly increasing."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileTiming:
+    """Dynamo's interpolated model from a planner profile (``planner_profile_data``).
+
+    Prefill (ms): ``prefill_ttft_ms`` over ``prefill_isl``, linear in T, at least 0.
+    Decode (ms): ``decode_itl[i][j]`` over (``decode_active_kv_tokens[i]``,
+    ``decode_context_length[j]``), bilinear in (active blocks * block size, the mean
+    context length of the sampling requests, an integer), at least 1. Both extrapolate
+    linearly from the nearest segment or cell beyond the grid, as Dynamo's
+    ``ndarray_interp`` (``extrapolate(true)``) does.
+    """
+
+    prefill_isl: tuple[float, ...]
+    prefill_ttft_ms: tuple[float, ...]
+    decode_active_kv_tokens: tuple[float, ...]
+    decode_context_length: tuple[float, ...]
+    decode_itl: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        _check_axis("prefill_isl", self.prefill_isl)
+        _check_values("prefill_ttft_ms", self.prefill_ttft_ms, len(self.prefill_isl))
+        _check_axis("decode_active_kv_tokens", self.decode_active_kv_tokens)
+        _check_axis("decode_context_length", self.decode_context_length)
+        if len(self.decode_itl) != len(self.decode_active_kv_tokens):
+            raise ProfileDataError(
+                f"decode_itl has {len(self.decode_itl)} rows; decode_active_kv_tokens "
+                f"has {len(self.decode_active_kv_tokens)} points"
+            )
+        for row in self.decode_itl:
+            _check_values("decode_itl row", row, len(self.decode_context_length))
+
+    @classmethod
+    def from_npz(cls, path: str | Path) -> ProfileTiming:
+        """Load a planner profile ``.npz``. Needs numpy (``pip install kvpool[profile]``).
+
+        Raises `ProfileDataError` for a file that cannot be used, `ImportError` without
+        numpy.
+        """
+        try:
+            import numpy as np
+        except ImportError:
+            raise ImportError(
+                "--planner-profile-data needs numpy: pip install 'kvpool[profile]'"
+            ) from None
+        arrays: dict[str, Any] = {}
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                for name, ndim in _ARRAYS:
+                    if name not in data.files:
+                        raise ProfileDataError(f"{path}: no array {name!r} in the profile")
+                    array = data[name]
+                    if array.ndim != ndim:
+                        raise ProfileDataError(
+                            f"{path}: {name} must be {ndim}-D, it has shape {array.shape}"
+                        )
+                    if array.dtype.kind not in "iuf":
+                        raise ProfileDataError(f"{path}: {name} is not numeric ({array.dtype})")
+                    arrays[name] = array.astype(float).tolist()
+        except ProfileDataError:
+            raise
+        except (OSError, ValueError, EOFError) as exc:  # zipfile.BadZipFile is an OSError
+            raise ProfileDataError(f"{path}: not a readable .npz profile ({exc})") from None
+        try:
+            return cls(
+                tuple(arrays["prefill_isl"]),
+                tuple(arrays["prefill_ttft_ms"]),
+                tuple(arrays["decode_active_kv_tokens"]),
+                tuple(arrays["decode_context_length"]),
+                tuple(tuple(row) for row in arrays["decode_itl"]),
+            )
+        except ProfileDataError as exc:
+            raise ProfileDataError(f"{path}: {exc}") from None
+
+    def prefill_ms(self, tokens: float) -> float:
+        """Interpolated prefill milliseconds for ``tokens`` (not clamped)."""
+        xs, ys = self.prefill_isl, self.prefill_ttft_ms
+        i = _segment(xs, tokens)
+        return ys[i] + (tokens - xs[i]) * (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+
+    def decode_ms(self, active_kv_tokens: float, context_length: float) -> float:
+        """Bilinearly interpolated decode milliseconds (not clamped)."""
+        xs, ys, z = self.decode_active_kv_tokens, self.decode_context_length, self.decode_itl
+        i, j = _segment(xs, active_kv_tokens), _segment(ys, context_length)
+        tx = (active_kv_tokens - xs[i]) / (xs[i + 1] - xs[i])
+        ty = (context_length - ys[j]) / (ys[j + 1] - ys[j])
+        return (
+            z[i][j] * (1 - tx) * (1 - ty)
+            + z[i + 1][j] * tx * (1 - ty)
+            + z[i][j + 1] * (1 - tx) * ty
+            + z[i + 1][j + 1] * tx * ty
+        )
+
+    def duration(self, work: StepWork) -> float:
+        ms = 0.0
+        if work.prefill_requests:
+            ms += max(0.0, self.prefill_ms(work.dynamo_prompt_tokens))
+        if work.emitting:
+            active_kv_tokens = work.active_blocks * work.block_size
+            context_length = work.context_tokens // work.emitting
+            ms += max(1.0, self.decode_ms(active_kv_tokens, context_length))
+        return ms / 1e3
+
+
+_ARRAYS = (
+    ("prefill_isl", 1),
+    ("prefill_ttft_ms", 1),
+    ("decode_active_kv_tokens", 1),
+    ("decode_context_length", 1),
+    ("decode_itl", 2),
+)
+
+
+def _segment(xs: Sequence[float], x: float) -> int:
+    """Index i of the segment [xs[i], xs[i+1]] that interpolates (or extrapolates) x."""
+    return min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
+
+
+def _check_axis(name: str, values: Sequence[float]) -> None:
+    _check_values(name, values, None)
+    if len(values) < 2:
+        raise ProfileDataError(f"{name} needs at least 2 points, it has {len(values)}")
+    if any(b <= a for a, b in pairwise(values)):
+        raise ProfileDataError(f"{name} must be strictly increasing")
+
+
+def _check_values(name: str, values: Sequence[float], length: int | None) -> None:
+    if length is not None and len(values) != length:
+        raise ProfileDataError(f"{name} has {len(values)} values, expected {length}")
+    for value in values:
+        if type(value) is not float and type(value) is not int:
+            raise ProfileDataError(f"{name} holds a non-number {value!r}")
+        if not math.isfinite(value):
+            raise ProfileDataError(f"{name} holds a non-finite value {value!r}")
+
+
+__all__ = ["DynamoTiming", "ProfileDataError", "ProfileTiming", "StepTiming", "StepWork"]
