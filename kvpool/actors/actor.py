@@ -110,11 +110,10 @@ class Actor:
         "_dirty",
         "_handlers",
         "_in_flight",
-        "_new_slot",
         "_on_crash",
+        "_open_slot",
         "_post",
         "_receive",
-        "_scope_cancelled",
         "_status",
         "_task_id",
         "_waiters",
@@ -126,8 +125,7 @@ class Actor:
         self._handlers: dict[type[Any], Handler[Any, Any]] = dict(handlers)
         send, self._receive = anyio.create_memory_object_stream[_Entry](math.inf)
         self._post = send.send_nowait
-        self._new_slot = slots.new
-        self._scope_cancelled = slots.cancelled
+        self._open_slot = slots.open
         self._abandon = slots.abandon
         self._waiters: deque[tuple[Any, Handler[Any, Any], ReplySlot]] = deque()
         self._dirty = False  # something was given back that may let the head waiter in
@@ -170,16 +168,19 @@ class Actor:
         actor is gone, `InvalidArgumentError` for a kind without a handler, and
         `WrongLoopError` off the actor's loop. Cancellation: `kvpool.actors`.
         """
-        slot = self._new_slot()
         handler = self._handlers.get(type(message))
         if handler is None or self._status is not _OPEN:
+            self._open_slot(False)  # WrongLoopError before anything else
             await anyio.lowlevel.checkpoint()
             if self._status is not _OPEN:
                 raise self.gone_error()
             raise InvalidArgumentError(f"no handler for message {message!r}")
-        if not handler.gives_back and self._scope_cancelled():
-            # A call that hands something out takes no effect in a cancelled scope.
-            await anyio.lowlevel.checkpoint()
+        # A call that hands something out takes no effect in a cancelled scope.
+        slot = self._open_slot(not handler.gives_back)
+        if slot is None:
+            await anyio.lowlevel.checkpoint()  # raises the scope's cancellation
+            slot = self._open_slot(False)
+            assert slot is not None
         self._post((message, handler, slot))
         self._in_flight += 1
         try:
@@ -246,14 +247,12 @@ class Actor:
                 if status is _CRASHED or (status is Status.CLOSED and not self._in_flight):
                     return
                 message, handler, slot = await receive.receive()
-            if slot is None or handler is None or handler.gives_back or waiters:
+            if slot is None or handler is None or waiters or slot.cancelled():
                 self._handle_with_care(message, handler, slot)
                 if self._status is _CRASHED:
                     return
                 continue
-            if slot.cancelled():
-                continue  # the caller left before its turn: skipped
-            # The common case: a live caller, nobody waiting, nothing given back.
+            # The common case: a live caller and nobody waiting.
             try:
                 reply = handler.handle(message)
             except PoolError as exc:

@@ -50,18 +50,17 @@ NO_REPLY: Final = object()
 
 @dataclass(frozen=True, slots=True)
 class SlotKind:
-    """The reply path of one event loop: make slots, check for cancellation, abandon.
+    """The reply path of one event loop: open slots, and abandon them.
 
-    ``new()`` returns a fresh slot for the calling task, or raises `WrongLoopError` when
-    the caller is not on the actor's loop. ``cancelled()`` tells whether the calling
-    task's scope is cancelled (a checkpoint then raises the cancellation); it is a plain
-    function because it runs on every call and is almost always false. ``abandon(slot)``
+    ``open(cancel_point)`` returns a fresh slot for the calling task, or None when
+    ``cancel_point`` is set and the task's scope is cancelled (a checkpoint then raises
+    the cancellation); it raises `WrongLoopError` when the caller is not on the actor's
+    loop. Both checks run on every call, so they are one plain function. ``abandon``
     is called by a caller whose wait raised: it marks a pending slot abandoned and
     returns `NO_REPLY`, or returns the reply that arrived unread.
     """
 
-    new: Callable[[], ReplySlot]
-    cancelled: Callable[[], bool]
+    open: Callable[[bool], ReplySlot | None]
     abandon: Callable[[ReplySlot], Any]
 
 
@@ -75,15 +74,15 @@ def _wrong_loop(where: str) -> WrongLoopError:
 # ------------------------------------------------------------------ asyncio, uvloop
 
 
-def _anyio_scope_check(task_of: Callable[[], Any]) -> Callable[[], bool]:
-    """Whether the current task's anyio cancel scope (up to a shield) is cancelled.
+def _anyio_scope_check() -> Callable[[Any], bool] | None:
+    """``cancelled(task)``: whether the task's anyio cancel scope (up to a shield) is
+    cancelled, or None if this anyio lays its state out differently.
 
     anyio's own ``checkpoint_if_cancelled`` costs 1.4-2 us on asyncio (a sniffio lookup
     and a WeakKeyDictionary lookup per call), more than a whole round trip to the actor;
     this reads the same state directly, keeping each task's anyio state in a plain dict
-    until the task is done. If this anyio lays its state out differently, anyio's public
-    ``current_effective_deadline`` answers instead (tests/test_actor_cancellation.py
-    checks the two agree).
+    until the task is done (tests/test_actor_cancellation.py checks it agrees with
+    anyio's public ``current_effective_deadline``, the fallback).
     """
     try:
         from anyio._backends._asyncio import CancelScope, _task_states
@@ -91,22 +90,18 @@ def _anyio_scope_check(task_of: Callable[[], Any]) -> Callable[[], bool]:
         probe = CancelScope()
         (probe._cancel_called, probe._shield, probe._parent_scope)  # noqa: B018
     except (ImportError, AttributeError):  # pragma: no cover - a future anyio
-        return _deadline_passed
+        return None
     known: dict[Any, Any] = {}  # task -> its anyio TaskState, which lives as long as it
 
-    def state_of(task: Any) -> Any:
-        state = _task_states.get(task)
-        if state is not None:
-            known[task] = state
-            task.add_done_callback(known.pop)
-        return state
-
-    def scope_cancelled() -> bool:
-        task = task_of()
+    def cancelled(task: Any) -> bool:
         state = known.get(task)
         if state is None:
-            state = state_of(task)
-        scope = None if state is None else state.cancel_scope
+            state = _task_states.get(task)
+            if state is None:
+                return False  # never in an anyio scope
+            known[task] = state
+            task.add_done_callback(known.pop)
+        scope = state.cancel_scope
         while scope is not None:
             if scope._cancel_called:
                 return True
@@ -115,10 +110,10 @@ def _anyio_scope_check(task_of: Callable[[], Any]) -> Callable[[], bool]:
             scope = scope._parent_scope
         return False
 
-    return scope_cancelled
+    return cancelled
 
 
-def _deadline_passed() -> bool:
+def _deadline_passed(_task: Any) -> bool:  # pragma: no cover - a future anyio
     return anyio.current_effective_deadline() == -math.inf
 
 
@@ -144,14 +139,18 @@ def asyncio_slots() -> SlotKind:
     task_of: Callable[[], Any] = (
         partial(tasks.get, loop) if isinstance(tasks, dict) else partial(asyncio.current_task, loop)
     )
+    cancelled = _anyio_scope_check() or _deadline_passed
 
-    def new() -> ReplySlot:
-        if get_ident() != owner or task_of() is None:
+    def open_slot(cancel_point: bool) -> ReplySlot | None:
+        task = task_of()
+        if task is None or get_ident() != owner:
             raise _wrong_loop(f"thread {threading.current_thread().name!r}'s loop")
+        if cancel_point and cancelled(task):
+            return None
         slot: ReplySlot = new_future()
         return slot
 
-    return SlotKind(new, _anyio_scope_check(task_of), _abandon_future)
+    return SlotKind(open_slot, _abandon_future)
 
 
 # ----------------------------------------------------------------------------- trio
@@ -204,19 +203,17 @@ def trio_slots() -> SlotKind:
     token = trio.lowlevel.current_trio_token()
     current_token = trio.lowlevel.current_trio_token
     current_task = trio.lowlevel.current_task
+    current_deadline = trio.current_effective_deadline
 
-    def new() -> ReplySlot:
+    def open_slot(cancel_point: bool) -> ReplySlot | None:
         try:
             same = current_token() is token
         except RuntimeError:
             same = False
         if not same:
             raise _wrong_loop(f"thread {threading.current_thread().name!r}")
+        if cancel_point and current_deadline() == -math.inf:
+            return None
         return _TrioSlot(current_task())
 
-    current_deadline = trio.current_effective_deadline
-
-    def cancelled() -> bool:
-        return current_deadline() == -math.inf
-
-    return SlotKind(new, cancelled, _abandon_trio)
+    return SlotKind(open_slot, _abandon_trio)
