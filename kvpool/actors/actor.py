@@ -79,22 +79,21 @@ class _Undo:
         self.undo = undo
 
 
-class _Signal(enum.Enum):
-    """Mailbox entries that only wake the actor."""
-
-    RETRY = "a waiter left: retry the FIFO"
-    CLOSE = "the host is leaving: fail the waiters, then stop once no reply is unread"
-    WAKE = "the last call in flight finished"
-
-
 def _run_undo(entry: _Undo) -> None:
     entry.undo(entry.message, entry.reply)
 
 
+def _nothing(_message: object) -> None:
+    return None
+
+
 _UNDO: Final[Handler[_Undo, None]] = Handler(_run_undo, gives_back=True)
+_RETRY: Final[Handler[object, None]] = Handler(_nothing, gives_back=True)
+"""A waiter left: like any give-back, it makes the actor retry the FIFO."""
 _OPEN: Final = Status.OPEN
 _CRASHED: Final = Status.CRASHED
-_Entry = tuple[Any, Handler[Any, Any] | None, ReplySlot | None]
+_Entry = tuple[Any, Handler[Any, Any], ReplySlot | None]
+"""(message, its handler, the caller's slot; None for the actor's own entries)."""
 
 
 class Actor:
@@ -109,7 +108,6 @@ class Actor:
         "_cause",
         "_dirty",
         "_handlers",
-        "_in_flight",
         "_on_crash",
         "_open_slot",
         "_post",
@@ -120,8 +118,8 @@ class Actor:
     )
 
     def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]], slots: SlotKind) -> None:
-        if _Undo in handlers or _Signal in handlers:
-            raise InvalidArgumentError("the actor's own entry types cannot be registered")
+        if _Undo in handlers:
+            raise InvalidArgumentError("the actor's own entry type cannot be registered")
         self._handlers: dict[type[Any], Handler[Any, Any]] = dict(handlers)
         send, self._receive = anyio.create_memory_object_stream[_Entry](math.inf)
         self._post = send.send_nowait
@@ -132,7 +130,6 @@ class Actor:
         self._status = _OPEN
         self._cause: BaseException | None = None
         self._on_crash: Callable[[], None] | None = None
-        self._in_flight = 0  # calls posted whose caller has not yet taken the reply
         self._task_id: int | None = None
 
     # ------------------------------------------------------------------ callers
@@ -182,31 +179,23 @@ class Actor:
             slot = self._open_slot(False)
             assert slot is not None
         self._post((message, handler, slot))
-        self._in_flight += 1
         try:
             return await slot
         except BaseException:
-            reply = self._abandon(slot)
-            if reply is not NO_REPLY:
-                if handler.undo is not None:
-                    self._give_back(message, reply, handler.undo)
-            elif handler.waits is not None and self._status is _OPEN:
-                self._post((_Signal.RETRY, None, None))  # it may have headed the FIFO
+            self._left(message, handler, slot)
             raise
-        finally:
-            self._in_flight -= 1
-            if self._status is not _OPEN and not self._in_flight:
-                self._wake_closing()
 
-    def _give_back(self, message: Any, reply: Any, undo: Callable[[Any, Any], None]) -> None:
-        # The caller is still in flight, so a closed actor still runs and will take it.
-        if self._status is not Status.CRASHED:
-            self._post((_Undo(message, reply, undo), _UNDO, None))
-
-    def _wake_closing(self) -> None:
-        # The actor may be waiting for exactly this: the last call in flight to finish.
-        if self._status is not Status.CRASHED:
-            self._post((_Signal.WAKE, None, None))
+    def _left(self, message: Any, handler: Handler[Any, Any], slot: ReplySlot) -> None:
+        """The caller stopped waiting: give back a reply it will never read, or let the
+        FIFO move on if it was waiting there."""
+        reply = self._abandon(slot)
+        if self._status is _CRASHED:
+            return
+        if reply is not NO_REPLY:
+            if handler.undo is not None:
+                self._post((_Undo(message, reply, handler.undo), _UNDO, None))
+        elif handler.waits is not None:
+            self._post((None, _RETRY, None))
 
     # ------------------------------------------------------------------ the host
 
@@ -216,10 +205,11 @@ class Actor:
 
     def close(self) -> None:
         """Refuse new calls; the actor handles what is queued, fails the waiters with
-        `PoolClosedError`, and stops once no caller holds an unread reply."""
+        `PoolClosedError`, then stops once every reply it delivered was taken or given
+        back (`run`)."""
         if self._status is _OPEN:
             self._status = Status.CLOSING
-            self._post((_Signal.CLOSE, None, None))
+            self._post((None, Handler(self._finish, gives_back=True), None))
 
     def gone_error(self) -> PoolError | PoolCrashedError:
         """The error for a call the actor can no longer serve (crashed or closed)."""
@@ -237,6 +227,7 @@ class Actor:
         receive = self._receive
         receive_nowait = receive.receive_nowait
         waiters = self._waiters
+        settled = False
         while True:
             try:
                 message, handler, slot = receive_nowait()
@@ -244,10 +235,17 @@ class Actor:
                 if self._dirty and waiters:
                     self._pump()
                 status = self._status
-                if status is _CRASHED or (status is Status.CLOSED and not self._in_flight):
+                if status is _CRASHED or settled:
                     return
+                if status is Status.CLOSED:
+                    # Every caller answered so far is ready to run: let them, so that one
+                    # cancelled with its reply unread posts the undo (asyncio; on trio a
+                    # delivered reply is always read). Then nothing more can arrive.
+                    await anyio.lowlevel.checkpoint()
+                    settled = True
+                    continue
                 message, handler, slot = await receive.receive()
-            if slot is None or handler is None or waiters or slot.cancelled():
+            if slot is None or waiters or slot.cancelled():
                 self._handle_with_care(message, handler, slot)
                 if self._status is _CRASHED:
                     return
@@ -267,16 +265,11 @@ class Actor:
                 slot.set_result(reply)
 
     def _handle_with_care(
-        self, message: Any, handler: Handler[Any, Any] | None, slot: ReplySlot | None
+        self, message: Any, handler: Handler[Any, Any], slot: ReplySlot | None
     ) -> None:
-        """A signal, an undo, a give-back, or a call arriving while others wait."""
+        """The actor's own entry, a call whose caller left, or one arriving while others
+        wait."""
         waiters = self._waiters
-        if handler is None:
-            if message is _Signal.RETRY:
-                self._dirty = True
-            elif message is _Signal.CLOSE:
-                self._finish()
-            return
         try:
             if slot is None or slot.cancelled():
                 if not handler.gives_back:
@@ -335,7 +328,7 @@ class Actor:
             waiters.popleft()
             slot.set_result(reply)
 
-    def _finish(self) -> None:
+    def _finish(self, _message: object = None) -> None:
         """Everything posted before the close was handled: fail the waiters."""
         if self._dirty and self._waiters:
             self._pump()

@@ -74,16 +74,9 @@ def _wrong_loop(where: str) -> WrongLoopError:
 # ------------------------------------------------------------------ asyncio, uvloop
 
 
-def _anyio_scope_check() -> Callable[[Any], bool] | None:
-    """``cancelled(task)``: whether the task's anyio cancel scope (up to a shield) is
-    cancelled, or None if this anyio lays its state out differently.
-
-    anyio's own ``checkpoint_if_cancelled`` costs 1.4-2 us on asyncio (a sniffio lookup
-    and a WeakKeyDictionary lookup per call), more than a whole round trip to the actor;
-    this reads the same state directly, keeping each task's anyio state in a plain dict
-    until the task is done (tests/test_actor_cancellation.py checks it agrees with
-    anyio's public ``current_effective_deadline``, the fallback).
-    """
+def _anyio_task_states() -> Any:
+    """anyio's per-task state on asyncio (the task's innermost cancel scope), or None
+    if this anyio lays it out differently (anyio's public API answers then)."""
     try:
         from anyio._backends._asyncio import CancelScope, _task_states
 
@@ -91,30 +84,7 @@ def _anyio_scope_check() -> Callable[[Any], bool] | None:
         (probe._cancel_called, probe._shield, probe._parent_scope)  # noqa: B018
     except (ImportError, AttributeError):  # pragma: no cover - a future anyio
         return None
-    known: dict[Any, Any] = {}  # task -> its anyio TaskState, which lives as long as it
-
-    def cancelled(task: Any) -> bool:
-        state = known.get(task)
-        if state is None:
-            state = _task_states.get(task)
-            if state is None:
-                return False  # never in an anyio scope
-            known[task] = state
-            task.add_done_callback(known.pop)
-        scope = state.cancel_scope
-        while scope is not None:
-            if scope._cancel_called:
-                return True
-            if scope._shield:
-                return False
-            scope = scope._parent_scope
-        return False
-
-    return cancelled
-
-
-def _deadline_passed(_task: Any) -> bool:  # pragma: no cover - a future anyio
-    return anyio.current_effective_deadline() == -math.inf
+    return _task_states
 
 
 def _abandon_future(slot: Any) -> Any:
@@ -127,7 +97,15 @@ def _abandon_future(slot: Any) -> Any:
 
 
 def asyncio_slots() -> SlotKind:
-    """Futures of the running asyncio (or uvloop) loop."""
+    """Futures of the running asyncio (or uvloop) loop.
+
+    The cancel check reads anyio's cancel scopes directly: anyio's own
+    ``checkpoint_if_cancelled`` costs 1.4-2 us on asyncio (a sniffio lookup and a
+    WeakKeyDictionary lookup per call), more than a whole round trip to the actor. Each
+    task's anyio state is kept in a plain dict until the task is done; the walk up its
+    scopes stops at a shield, as anyio's does (tests/test_actor_cancellation.py checks
+    the two agree, and anyio's ``current_effective_deadline`` is the fallback).
+    """
     loop = asyncio.get_running_loop()
     new_future = partial(asyncio.Future, loop=loop)
     owner = threading.get_ident()
@@ -139,14 +117,29 @@ def asyncio_slots() -> SlotKind:
     task_of: Callable[[], Any] = (
         partial(tasks.get, loop) if isinstance(tasks, dict) else partial(asyncio.current_task, loop)
     )
-    cancelled = _anyio_scope_check() or _deadline_passed
+    task_states = _anyio_task_states()
+    known: dict[Any, Any] = {}  # task -> its anyio TaskState, which lives as long as it
 
     def open_slot(cancel_point: bool) -> ReplySlot | None:
         task = task_of()
         if task is None or get_ident() != owner:
             raise _wrong_loop(f"thread {threading.current_thread().name!r}'s loop")
-        if cancel_point and cancelled(task):
-            return None
+        if cancel_point:
+            state = known.get(task)
+            if state is None:
+                if task_states is None:  # pragma: no cover - a future anyio
+                    if anyio.current_effective_deadline() == -math.inf:
+                        return None
+                else:
+                    state = task_states.get(task)
+                    if state is not None:
+                        known[task] = state
+                        task.add_done_callback(known.pop)
+            scope = None if state is None else state.cancel_scope
+            while scope is not None and not scope._cancel_called:
+                scope = None if scope._shield else scope._parent_scope
+            if scope is not None:
+                return None
         slot: ReplySlot = new_future()
         return slot
 
