@@ -9,13 +9,12 @@ can give the reservation back exactly what the call took.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeGuard
+from typing import Any, NoReturn
 
 from kvpool.actors.actor import WAIT, Handler, Wait
 from kvpool.errors import (
     BlockSharedError,
     ForeignReservationError,
-    InvalidArgumentError,
     InvariantViolationError,
     ReservationClosedError,
 )
@@ -46,6 +45,7 @@ from kvpool.messages import (
     StatsReply,
 )
 from kvpool.pool import BlockPool, PrefixHit, Reservation
+from kvpool.pool.items import as_list
 
 _DONE = DoneReply()
 _MISS = PrefixHitReply(None)
@@ -214,10 +214,7 @@ class PoolState:
     # -------------------------------------------------------- batched calls
 
     def admit(self, message: Admit) -> AdmitReply | Wait:
-        chain = message.chain
-        if type(chain) is not list and not is_sequence(chain):
-            raise InvalidArgumentError(f"chain must be a sequence of ints, got {chain!r}")
-        admission = self.pool.admit(chain, message.extra)
+        admission = self.pool.admit(message.chain, message.extra)
         if admission is None:
             return WAIT if message.wait else _NOT_ADMITTED
         return AdmitReply(admission)
@@ -230,10 +227,8 @@ class PoolState:
         return FlagsReply(self.pool.cache_many(message.pairs))  # type: ignore[arg-type]
 
     def free(self, message: Free) -> DoneReply:
-        block_ids = message.block_ids
-        if type(block_ids) is not list and not is_sequence(block_ids):
-            raise InvalidArgumentError(f"block_ids must be a sequence of ints, got {block_ids!r}")
-        self.pool.release_many(block_ids[::-1])  # type: ignore[arg-type] # leaf first
+        block_ids = as_list(message.block_ids, "block_ids")
+        self.pool.release_many(block_ids[::-1])  # leaf first
         return _DONE
 
     # ------------------------------------------------------------ internals
@@ -263,11 +258,3 @@ def _bad_handle(handle: object, next_handle: int) -> NoReturn:
     if type(handle) is int and 0 < handle < next_handle:
         raise ReservationClosedError(f"reservation {handle} was already cancelled")
     raise ForeignReservationError(f"{handle!r} names no reservation of this pool")
-
-
-def is_sequence(value: object) -> TypeGuard[Sequence[Any]]:
-    """A sequence of items, not a string: lists and tuples answer without the ABC check."""
-    kind = type(value)
-    if kind is list or kind is tuple:
-        return True
-    return isinstance(value, Sequence) and not isinstance(value, str | bytes)

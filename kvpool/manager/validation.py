@@ -8,6 +8,7 @@ from typing import NoReturn
 
 from kvpool.errors import InvalidArgumentError
 from kvpool.hashing.block_hash import TOKEN_TYPECODE
+from kvpool.pool.items import as_list
 
 
 def check_request_id(request_id: object) -> str:
@@ -19,15 +20,11 @@ def check_request_id(request_id: object) -> str:
 
 def check_tokens(token_ids: Sequence[int]) -> array[int]:
     """Copy ``token_ids`` into a ``u32`` array, raising `InvalidArgumentError` unless each
-    is an int in ``[0, 2**32)``. The C-level conversion checks every token at once."""
-    if type(token_ids) is not list and (  # lists, the common case, skip the ABC checks
-        isinstance(token_ids, str | bytes | bytearray | memoryview)
-        or not isinstance(token_ids, Sequence)
-    ):
-        _bad_tokens(token_ids)
+    is an int in ``[0, 2**32)``; any run of them is accepted as the pool accepts hashes
+    (`kvpool.pool.items`). The C-level conversion checks every token at once."""
     try:
-        return array(TOKEN_TYPECODE, token_ids)
-    except (OverflowError, TypeError):
+        return array(TOKEN_TYPECODE, as_list(token_ids, "token ids"))
+    except (OverflowError, TypeError, InvalidArgumentError):
         _bad_tokens(token_ids)
 
 

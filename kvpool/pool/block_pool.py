@@ -22,7 +22,6 @@ its body runs, so public parameters are typed ``object`` here and validated in t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from itertools import count
 from typing import Final, NoReturn, cast
 
@@ -42,6 +41,7 @@ from kvpool.errors import (
     UnknownBlockError,
 )
 from kvpool.pool.copy import PIN, REF_MASK, Copy
+from kvpool.pool.items import as_list as _as_list
 from kvpool.pool.types import (
     ACTIVE_HIT,
     INACTIVE_HIT,
@@ -752,13 +752,6 @@ def _exhausted(reservation: Reservation) -> NoReturn:
     if reservation._closed:
         _closed(reservation)
     raise ReservationExhaustedError(f"{reservation!r} has no fresh capacity left to allocate")
-
-
-def _as_list(items: object, name: str = "prefix") -> list[object]:
-    """Items given as any sequence but a list (the fast path), or a caller mistake."""
-    if isinstance(items, str | bytes | bytearray) or not isinstance(items, Iterable):
-        raise InvalidArgumentError(f"{name} must be a sequence of ints, got {items!r}")
-    return list(items)
 
 
 def _is_hash(value: object) -> bool:
