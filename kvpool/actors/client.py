@@ -111,10 +111,7 @@ class Lease:
         return blocks
 
     async def free(self, count: int | None = None) -> None:
-        """Free the last ``count`` held blocks (all by default), leaf first, now.
-
-        Takes effect once posted, even if the caller is then cancelled.
-        """
+        """Free the last ``count`` held blocks (all by default), leaf first, now."""
         cut = 0 if count is None else max(len(self.blocks) - count, 0)
         released = self.blocks[cut:]
         del self.blocks[cut:]
@@ -146,21 +143,18 @@ class PoolClient:
     async def prefix_hit(self, block_hash: int) -> PrefixHit | None:
         """Whether ``block_hash`` is resident and whether its first copy is in use.
 
-        Raises InvalidHashError. Cancellation: a query; nothing to undo.
+        Raises InvalidHashError.
         """
         reply: PrefixHitReply = await self._call(QueryPrefix(block_hash))
         return reply.hit
 
     async def stats(self) -> PoolStats:
-        """Occupancy plus cumulative counters. Cancellation: a query; nothing to undo."""
+        """Occupancy plus cumulative counters."""
         reply: StatsReply = await self._call(_GET_STATS)
         return reply.stats
 
     async def check_invariants(self) -> None:
-        """Re-derive the pool's state; a breach crashes the actor (PoolCrashedError here).
-
-        Cancellation: a query; nothing to undo.
-        """
+        """Re-derive the pool's state; a breach crashes the actor (PoolCrashedError here)."""
         await self._call(_CHECK_INVARIANTS)
 
     # -------------------------------------------------------- reservations
@@ -169,8 +163,7 @@ class PoolClient:
         """Pin the resident ``prefix`` and reserve ``fresh`` blocks, all or nothing.
 
         Returns None when it does not fit. Raises InvalidArgumentError,
-        InvalidHashError, PrefixNotResidentError. Cancellation at any point: either
-        the outcome is returned, or the reservation is cancelled by the actor.
+        InvalidHashError, PrefixNotResidentError.
         """
         reply = await self._call(Reserve(prefix, fresh))  # type: ignore[arg-type]
         if reply.reservation is None:
@@ -181,8 +174,7 @@ class PoolClient:
     async def activate_prefix(self, reservation: ActorReservation) -> list[BlockId]:
         """Turn the reservation's prefix pins into references; returns their ids root first.
 
-        Raises ForeignReservationError, ReservationClosedError. Cancellation: either the
-        ids are returned, or the actor releases them and pins the prefix again.
+        Raises ForeignReservationError, ReservationClosedError.
         """
         handle = self._handle(reservation)
         if handle is None:
@@ -197,8 +189,6 @@ class PoolClient:
         """Spend one reserved unit on a new private copy; returns its id.
 
         Raises ForeignReservationError, ReservationClosedError, ReservationExhaustedError.
-        Cancellation: either the id is returned, or the actor frees the copy and gives
-        the unit back to the reservation.
         """
         handle = self._handle(reservation)
         if handle is None:
@@ -213,9 +203,7 @@ class PoolClient:
     ) -> tuple[BlockId, bool]:
         """Allocate straight into the cache: (id, True iff the hash became visible).
 
-        Raises as `allocate_private`, plus InvalidHashError. Cancellation: either the
-        result is returned, or the actor releases the copy (it stays cached, inactive)
-        and gives a unit back to the reservation when one can be freed.
+        Raises as `allocate_private`, plus InvalidHashError.
         """
         handle = self._handle(reservation)
         if handle is None:
@@ -255,16 +243,14 @@ class PoolClient:
     async def cache_private(self, block_id: BlockId, block_hash: int) -> bool:
         """Make a private copy findable; True iff it is the hash's first resident copy.
 
-        Raises UnknownBlockError, AlreadyCachedError, InvalidHashError. Cancellation:
-        skipped if the actor had not reached it, else it took effect.
+        Raises UnknownBlockError, AlreadyCachedError, InvalidHashError.
         """
         reply: FlagReply = await self._call(CachePrivate(block_id, block_hash))
         return reply.visible
 
     async def release(self, block_id: BlockId) -> None:
         """Drop one reference to ``block_id``. Raises UnknownBlockError,
-        BlockNotReferencedError. Takes effect once posted, even if the caller is then
-        cancelled.
+        BlockNotReferencedError.
         """
         await self._call(Release(block_id))
 
@@ -279,8 +265,6 @@ class PoolClient:
         (an immediate try, which may succeed while larger waiters keep waiting). With
         ``wait`` the request queues FIFO until it fits. Raises CapacityError when it can
         never fit, InvalidArgumentError / InvalidHashError for a malformed chain.
-        Cancellation at any point (queued, waiting, replied but unread): either the
-        admission is returned, or no trace of it is left (its blocks are freed).
         """
         reply: AdmitReply = await self._call(Admit(chain, extra, wait))  # type: ignore[arg-type]
         return reply.admission
@@ -289,7 +273,7 @@ class PoolClient:
         """`cache_private` for every ``(block_id, hash)`` pair in one turn, all or nothing.
 
         Returns the visibility flags in order. Raises as `cache_private` (naming the
-        first bad pair) and changes nothing. Cancellation: as `cache_private`.
+        first bad pair) and changes nothing.
         """
         reply: FlagsReply = await self._call(CacheMany(pairs))  # type: ignore[arg-type]
         return reply.visible
@@ -298,7 +282,7 @@ class PoolClient:
         """Release every block, last first (leaf first), all or nothing.
 
         Raises InvalidArgumentError, UnknownBlockError, BlockNotReferencedError and
-        releases nothing. Takes effect once posted, even if the caller is then cancelled.
+        releases nothing.
         """
         await self._call(Free(block_ids))  # type: ignore[arg-type]
 

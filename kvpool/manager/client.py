@@ -80,23 +80,21 @@ class ManagerClient:
     async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
         """Register a request with its prompt; returns None.
 
-        Raises `DuplicateRequestError`, `InvalidArgumentError`. Cancellation: skipped,
-        or undone (the request is forgotten again while it holds no block).
+        Raises `DuplicateRequestError`, `InvalidArgumentError`.
         """
         await self._call(AddRequest(request_id, prompt_token_ids))  # type: ignore[arg-type]
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Append decoded tokens to a request; returns None.
 
-        Raises `UnknownRequestError`, `InvalidArgumentError`. Cancellation: skipped if
-        still queued; otherwise it took effect (it hands nothing out to undo).
+        Raises `UnknownRequestError`, `InvalidArgumentError`.
         """
         await self._call(AppendTokens(request_id, token_ids))  # type: ignore[arg-type]
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         """Return what the request's next allocation of all its tokens needs now.
 
-        Raises `UnknownRequestError`. Cancellation: skipped or simply unread.
+        Raises `UnknownRequestError`.
         """
         reply: PrefillCostReply = await self._call(GetPrefillCost(request_id))
         return reply.cost
@@ -111,10 +109,7 @@ class ManagerClient:
         ``cache``, the allocated tokens are also marked computed, making the full blocks
         they cover visible (`KvManager.allocate`). Raises
         `UnknownRequestError`, `TokenCountError`, `InvalidArgumentError`, and
-        `CapacityError` when it could never fit. Cancellation: skipped, or undone (its
-        blocks released leaf first, computed count clipped; a BlockRemoved for what it
-        evicted stays in the stream, as those hashes really are gone); a cancelled
-        waiter leaves the FIFO without a trace.
+        `CapacityError` when it could never fit.
         """
         reply: AllocationReply = await self._call(
             AllocateSlots(request_id, num_tokens, wait, cache)
@@ -125,23 +120,20 @@ class ManagerClient:
         """Record the computed-token count, making covered full blocks visible.
 
         Raises `UnknownRequestError`, `TokenCountError`, `InvalidArgumentError`.
-        Cancellation: skipped if still queued; otherwise it took effect (re-sending the
-        same count is harmless: it is a watermark, not an increment).
         """
         await self._call(MarkComputed(request_id, num_computed_tokens))
 
     async def free(self, request_id: str) -> None:
         """Completion: release the request's blocks leaf first and forget it.
 
-        Raises `UnknownRequestError` (a double free included). Cancellation: runs
-        anyway once posted.
+        Raises `UnknownRequestError` (a double free included).
         """
         await self._call(FreeRequest(request_id))
 
     async def preempt(self, request_id: str) -> None:
         """Release the request's blocks leaf first, keeping it for re-admission.
 
-        Raises `UnknownRequestError`. Cancellation: runs anyway once posted.
+        Raises `UnknownRequestError`.
         """
         await self._call(PreemptRequest(request_id))
 
@@ -152,11 +144,7 @@ class ManagerClient:
         return outcome
 
     async def take_events(self) -> list[KVEvent]:
-        """Drain and return the queued KV events, oldest first.
-
-        Cancellation: skipped, or undone (the events go back ahead of newer ones, so
-        none is lost and the order holds).
-        """
+        """Drain and return the queued KV events, oldest first."""
         reply: EventsReply = await self._call(_TAKE_EVENTS)
         return reply.events
 
@@ -164,7 +152,8 @@ class ManagerClient:
         self, ts: float | None = None, data_parallel_rank: int | None = None
     ) -> KVEventBatch | None:
         """Drain the queued events into one `KVEventBatch` (``ts`` defaults to now);
-        None if there were none. Cancellation: as `take_events`."""
+        None if there were none.
+        """
         events = await self.take_events()
         if not events:
             return None
@@ -175,19 +164,19 @@ class ManagerClient:
         )
 
     async def stats(self) -> ManagerStats:
-        """Return the manager's counters. Cancellation: skipped or simply unread."""
+        """Return the manager's counters."""
         reply: ManagerStatsReply = await self._call(_GET_STATS)
         return reply.stats
 
     async def usage(self) -> PoolUsage:
-        """Return the pool's occupancy. Cancellation: skipped or simply unread."""
+        """Return the pool's occupancy."""
         reply: ManagerStatsReply = await self._call(_GET_STATS)
         return PoolUsage(reply.num_active, reply.num_inactive, reply.capacity)
 
     async def check_invariants(self) -> None:
         """Re-derive the manager's and the pool's invariants; a breach crashes the actor
-        (this call and every later one raise `PoolCrashedError`). Cancellation: skipped or
-        simply unread."""
+        (this call and every later one raise `PoolCrashedError`).
+        """
         await self._call(_CHECK)
 
 
