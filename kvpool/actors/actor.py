@@ -166,18 +166,16 @@ class Actor:
         `WrongLoopError` off the actor's loop. Cancellation: `kvpool.actors`.
         """
         handler = self._handlers.get(type(message))
-        if handler is None or self._status is not _OPEN:
-            self._open_slot(False)  # WrongLoopError before anything else
-            await anyio.lowlevel.checkpoint()
-            if self._status is not _OPEN:
-                raise self.gone_error()
-            raise InvalidArgumentError(f"no handler for message {message!r}")
         # A call that hands something out takes no effect in a cancelled scope.
-        slot = self._open_slot(not handler.gives_back)
+        slot = self._open_slot(handler is not None and not handler.gives_back)
         if slot is None:
             await anyio.lowlevel.checkpoint()  # raises the scope's cancellation
             slot = self._open_slot(False)
-            assert slot is not None
+        if handler is None or self._status is not _OPEN or slot is None:
+            await anyio.lowlevel.checkpoint()  # a refused call yields too
+            if self._status is not _OPEN:
+                raise self.gone_error()
+            raise InvalidArgumentError(f"no handler for message {message!r}")
         self._post((message, handler, slot))
         try:
             return await slot
