@@ -172,9 +172,10 @@ class KvManager:
         holds no block is left as it is. Raises `UnknownRequestError`.
         """
         state = self._get(request_id)
-        if state.table:
+        released = bool(state.table)
+        self._release_table(state)  # all or nothing: a refusal counts no preemption
+        if released:
             self._preemptions += 1
-        self._release_table(state)
 
     # -------------------------------------------------------------- allocation
 
