@@ -18,6 +18,7 @@ import anyio.to_thread
 import msgspec
 import pytest
 import sniffio
+import uvloop
 
 from kvpool.actors import Actor, Handler, PoolClient, PoolState, open_actor, open_pool
 from kvpool.actors import slots as slots_module
@@ -39,9 +40,7 @@ ASYNCIO_ONLY = pytest.mark.parametrize(
     "anyio_backend",
     [
         pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(
-            ("asyncio", {"loop_factory": __import__("uvloop").new_event_loop}), id="uvloop"
-        ),
+        pytest.param(("asyncio", {"loop_factory": uvloop.new_event_loop}), id="uvloop"),
     ],
 )
 """For what only asyncio has: a plain task.cancel() landing on a reply not yet read."""
@@ -154,31 +153,50 @@ async def test_every_handler_ran_in_the_actors_task() -> None:
                     asyncio_tasks.append(task)
                 await asyncio.gather(*asyncio_tasks, return_exceptions=True)
                 for task in asyncio_tasks:
-                    if not task.cancelled():
+                    if not task.cancelled() and task.result() is not None:
                         await pool.free(task.result().blocks)
+            stats = await pool.stats()
+            assert (stats.num_active, stats.num_active_refs) == (0, 0)
+            await pool.check_invariants()
+            await _every_call_once(pool)
             hold = await pool.admit([], 16, wait=True)
             assert hold is not None
-            outside.start_soon(late_waiter, pool)  # still waiting at the close
-            while (await pool.stats()).waiters == 0:
-                await anyio.lowlevel.checkpoint()
-            stats = await pool.stats()
-            assert (stats.num_active, stats.num_active_refs) == (16, 16)
-            await pool.free(hold.blocks)  # the waiter is granted: hand it back below
-            await pool.check_invariants()
-            hold = await pool.admit([], 1, wait=True)
-            assert hold is not None
-            outside.start_soon(late_waiter, pool)
+            async with anyio.create_task_group() as tg:  # one waiter granted
+                tg.start_soon(lambda: pool.admit([], 1, wait=True))
+                while (await pool.stats()).waiters == 0:
+                    await anyio.lowlevel.checkpoint()
+                await pool.free(hold.blocks[-1:])
+            outside.start_soon(late_waiter, pool)  # one still waiting at the close
             while (await pool.stats()).waiters == 0:
                 await anyio.lowlevel.checkpoint()
     (actor,) = actors
     assert actor.task_id is not None
-    assert len(closed) == 1  # one waiter was granted, the other failed at the close
+    assert len(closed) == 1  # the waiter left at the close failed
     kinds = {what for what, _ in seen}
     assert {"Admit.handle", "Admit.waits", "Free.handle", "Reserve.handle"} <= kinds
     assert {"AllocateCached.handle", "AllocatePrivate.handle", "Cancel.handle"} <= kinds
+    assert {"ActivatePrefix.handle", "CachePrivate.handle", "Release.handle"} <= kinds
+    assert {"CacheMany.handle", "QueryPrefix.handle", "GetStats.handle"} <= kinds
     if sniffio.current_async_library() == "asyncio":
         assert "Admit.undo" in kinds, "no undo ran"
     assert {task_id for _, task_id in seen} == {actor.task_id}
+
+
+async def _every_call_once(pool: PoolClient) -> None:
+    admission = await pool.admit([900], 1)
+    assert admission is not None
+    await pool.cache_private(admission.blocks[0], 900)
+    await pool.release(admission.blocks[1])
+    await pool.free(admission.blocks[:1])
+    outcome = await pool.reserve([900], 3)
+    assert outcome is not None
+    reservation = outcome.reservation
+    held = await pool.activate_prefix(reservation)
+    held.append(await pool.allocate_private(reservation))
+    held.append((await pool.allocate_cached(reservation, 901))[0])
+    await pool.cancel(reservation)
+    assert await pool.prefix_hit(901) is not None
+    await pool.free(held)
 
 
 class Ping(msgspec.Struct, frozen=True, tag=True):
@@ -205,24 +223,35 @@ async def test_open_actors_task_id_is_the_task_that_runs_its_handlers() -> None:
 @pytest.mark.anyio
 async def test_a_managers_handlers_run_in_its_actors_task() -> None:
     seen: list[tuple[str, int]] = []
-    async with open_manager(8, 4) as kv:
-        actor = kv._call.__self__  # type: ignore[attr-defined]
-        _record_tasks(actor, seen)
-        await kv.add_request("a", list(range(16)))
-        await kv.add_request("b", list(range(100, 108)))
-        assert await kv.allocate("a", 16) is not None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: kv.allocate("b", 8, wait=True))
-            while not any(what == "AllocateSlots.waits" for what, _ in seen):
-                await anyio.lowlevel.checkpoint()
-            await kv.mark_computed("a", 16)
-            await kv.preempt("a")
-        await kv.take_events()
-        await kv.free("b")
-        await kv.free("a")
-        await kv.check_invariants()
+    with anyio.fail_after(HANG_GUARD):
+        async with open_manager(8, 4) as kv:
+            actor = kv._call.__self__  # type: ignore[attr-defined]
+            _record_tasks(actor, seen)
+            await _drive_a_manager(kv, actor)
     assert len({what for what, _ in seen}) >= 8
+    assert "AllocateSlots.waits" in {what for what, _ in seen}
     assert {task_id for _, task_id in seen} == {actor.task_id}
+
+
+async def _drive_a_manager(kv: Any, actor: Actor) -> None:
+    await kv.add_request("a", list(range(32)))
+    await kv.add_request("b", list(range(100, 108)))
+    await kv.add_request("c", list(range(200, 204)))
+    assert await kv.allocate("a", 32) is not None  # the whole pool
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: kv.allocate("b", 8, wait=True))
+        while actor.num_waiters == 0:
+            await anyio.lowlevel.checkpoint()
+        tg.start_soon(lambda: kv.allocate("c", 4, wait=True))  # asks waits()
+        while actor.num_waiters < 2:
+            await anyio.lowlevel.checkpoint()
+        await kv.mark_computed("a", 32)
+        await kv.preempt("a")
+    await kv.take_events()
+    await kv.free("b")
+    await kv.free("c")
+    await kv.free("a")
+    await kv.check_invariants()
 
 
 # ------------------------------------------------- the asyncio fast cancel check
@@ -231,12 +260,19 @@ async def test_a_managers_handlers_run_in_its_actors_task() -> None:
 @ASYNCIO_ONLY
 @pytest.mark.anyio
 async def test_the_fast_cancel_check_agrees_with_anyio() -> None:
-    check = slots_module._scope_cancelled
-    assert check is not None, "this anyio's layout is unknown: the fast check is off"
+    # The asyncio slot opener reads anyio's scope state directly (and caches each
+    # task's state): opening a slot at a cancel point fails (None) exactly when anyio
+    # says the calling task's effective deadline is -inf.
+    assert slots_module._anyio_task_states() is not None, "the fast check is off here"
+    open_slot = slots_module.asyncio_slots().open
+
+    def check() -> bool:
+        return open_slot(True) is None
 
     def agree() -> bool:
         expected = anyio.current_effective_deadline() == -math.inf
         assert check() is expected
+        assert open_slot(False) is not None  # a give-back opens its slot regardless
         return expected
 
     assert agree() is False  # no scope of our own
@@ -284,18 +320,25 @@ async def test_the_fast_cancel_check_agrees_with_anyio() -> None:
     assert await asyncio.ensure_future(plain())
 
 
-@ASYNCIO_ONLY
 @pytest.mark.anyio
-async def test_the_fast_checkpoint_raises_only_in_a_cancelled_scope() -> None:
-    checkpoint = slots_module._asyncio_checkpoint_if_cancelled
-    await checkpoint()  # not cancelled: returns
-    with anyio.CancelScope() as scope:
-        scope.cancel()
-        with anyio.CancelScope(shield=True):
-            await checkpoint()  # shielded: returns
-        await checkpoint()
-        pytest.fail("the cancellation was not raised")  # pragma: no cover
-    assert scope.cancelled_caught
+async def test_a_shielded_call_inside_a_cancelled_scope_runs() -> None:
+    async with open_pool(4) as pool:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            with anyio.CancelScope(shield=True):
+                admission = await pool.admit([], 2)  # shielded: not cancelled
+            assert admission is not None
+            await pool.free(admission.blocks)
+            with anyio.CancelScope(shield=True):
+                with anyio.CancelScope() as nested:
+                    nested.cancel()
+                    await pool.admit([], 2)  # cancelled inside the shield
+                assert nested.cancelled_caught
+                assert (await pool.stats()).num_active == 0
+            await pool.admit([], 2)
+            pytest.fail("the cancellation was not raised")  # pragma: no cover
+        assert scope.cancelled_caught
+        assert (await pool.stats()).reserves == 1
 
 
 # --------------------------------------------------------------- other threads
@@ -408,14 +451,16 @@ async def test_an_unread_allocate_cached_found_meanwhile_stays_and_the_unit_come
         reservation = outcome.reservation
         refs = state.pool.num_active_refs()
         task = asyncio.ensure_future(pool.allocate_cached(reservation, 77))
-        while state.pool.num_active_refs() == refs:
+        # Queued right behind it: another request finds the new copy before the
+        # caller can read its reply...
+        finder = asyncio.ensure_future(pool.admit([77]))
+        while state.pool.num_active_refs() < refs + 2:  # the actor has replied to both
             await asyncio.sleep(0)
-        # Before the caller reads it, another request finds the new copy...
-        other = await pool.admit([77])
-        assert other is not None
-        assert other.cached == 1
         assert not task.done()
         task.cancel()  # ... so the undo cannot take the copy out of the pool
+        other = await finder
+        assert other is not None
+        assert other.cached == 1
         with pytest.raises(asyncio.CancelledError):
             await task
         assert await _counts(pool) == (3, 0, 1)  # the copy (held) + 2 reserved units
@@ -533,13 +578,26 @@ async def test_a_crash_fails_every_queued_call_and_waiter_with_its_cause() -> No
 @pytest.mark.anyio
 async def test_open_pool_raises_the_crash_itself_not_a_group() -> None:
     clients: list[PoolClient] = []
-    with anyio.fail_after(HANG_GUARD), pytest.raises(PoolCrashedError) as crashed:
+    bomb_errors: list[BaseException] = []
+
+    async def bomb(pool: PoolClient) -> None:
+        try:
+            await pool.call(Explode())
+        except PoolCrashedError as exc:
+            bomb_errors.append(exc)
+
+    async def crash_it() -> None:
         async with open_pool(4, extensions=[_bomb]) as pool:
             clients.append(pool)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(pool.call, Explode())
+                tg.start_soon(bomb, pool)
                 await anyio.sleep_forever()  # cancelled by the crash
+
+    with anyio.fail_after(HANG_GUARD), pytest.raises(PoolCrashedError) as crashed:
+        await crash_it()
     assert type(crashed.value) is PoolCrashedError
     assert isinstance(crashed.value.__cause__, ZeroDivisionError)
+    assert len(bomb_errors) == 1
+    assert bomb_errors[0].__cause__ is crashed.value.__cause__
     with pytest.raises(PoolCrashedError):
         await clients[0].admit([], 1)
