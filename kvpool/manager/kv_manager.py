@@ -39,7 +39,12 @@ from kvpool.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
 from kvpool.hashing import BlockHasher
 from kvpool.manager.request import RequestState
 from kvpool.manager.types import Allocation, ManagerStats, PrefillCost
-from kvpool.manager.validation import check_count, check_request_id, check_tokens
+from kvpool.manager.validation import (
+    check_count,
+    check_request_id,
+    check_timestamp,
+    check_tokens,
+)
 from kvpool.pool import BlockId, BlockPool
 
 
@@ -413,10 +418,20 @@ class KvManager:
             self._events[:0] = events
 
     def take_batch(self, ts: float, data_parallel_rank: int | None = None) -> KVEventBatch | None:
-        """Drain the queued events into one `KVEventBatch`, or None if there are none."""
+        """Drain the queued events into one `KVEventBatch`, or None if there are none.
+
+        ``ts`` must be a finite float (an int is taken) and ``data_parallel_rank`` None or
+        an int >= 0; both are checked before the events are taken, so a refused call
+        (`InvalidArgumentError`) loses no event.
+        """
+        stamp = check_timestamp(ts)
+        if data_parallel_rank is not None:
+            check_count(data_parallel_rank, "data_parallel_rank")
         if not self._events:
             return None
-        return KVEventBatch(ts=ts, events=self.take_events(), data_parallel_rank=data_parallel_rank)
+        return KVEventBatch(
+            ts=stamp, events=self.take_events(), data_parallel_rank=data_parallel_rank
+        )
 
     # -------------------------------------------------------------- internals
 
