@@ -128,6 +128,44 @@ def test_a_request_larger_than_the_pool_is_counted_as_rejected() -> None:
     check_consistent(report, len(requests), workers=1)
 
 
+def one_request_trace(tmp_path: Path) -> Path:
+    trace = tmp_path / "one.jsonl"
+    trace.write_text(SAMPLE_TRACE.read_text().splitlines()[0] + "\n")
+    return trace
+
+
+@pytest.mark.parametrize(
+    ("flags", "num_idle"),
+    [
+        (["--sessions", "1", "--workers", "2"], 1),  # one session's turns never overlap
+        (["--sessions", "2", "--workers", "32"], 28),
+        (["--sessions", "2", "--num-gpu-blocks", "2"], 0),  # every request rejected
+        (["--trace", "ONE", "--workers", "3"], 2),
+    ],
+)
+def test_idle_or_all_rejected_workers_report_zeros(
+    tmp_path: Path, flags: list[str], num_idle: int
+) -> None:
+    flags = [str(one_request_trace(tmp_path)) if f == "ONE" else f for f in flags]
+    result = kvpool("simulate", *flags, "--json", "-")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    total = report["total"]
+    check_consistent(report, total["requests_submitted"], workers=len(report["workers"]))
+    idle = [w for w in report["workers"] if w["requests_submitted"] == 0]
+    assert len(idle) >= num_idle
+    for worker in idle:
+        assert worker["steps"] == worker["generated_tokens"] == 0
+        assert worker["kv_usage"] == {"mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+        assert worker["ttft_s"]["p99"] == worker["latency_s"]["max"] == 0.0
+        assert worker["prefix_cache_hit_rate"] is None  # nothing was asked
+    if "--num-gpu-blocks" in flags:
+        assert total["requests_rejected"] == total["requests_submitted"] > 0
+        assert total["steps"] == total["generated_tokens"] == 0
+        assert total["kv_usage"]["max"] == 0.0
+
+
 def test_the_plot_is_a_png(tmp_path: Path) -> None:
     image = tmp_path / "usage.png"
     result = kvpool("simulate", "--sessions", "10", "--workers", "2", "--plot", str(image))

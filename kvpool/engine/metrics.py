@@ -59,7 +59,9 @@ def mean(values: Sequence[float]) -> float:
 
 def held_durations(times: Sequence[float], end: float) -> list[float]:
     """How long each sample at ``times`` (ascending) held: until the next one, the last
-    until ``end`` (never negative)."""
+    until ``end`` (never negative); none for no samples (an engine that never stepped)."""
+    if not times:
+        return []
     return [max(0.0, later - now) for now, later in zip(times, [*times[1:], end], strict=True)]
 
 
