@@ -53,7 +53,7 @@ def check_consistent(report: dict[str, Any], submitted: int, workers: int) -> No
         assert 0 <= column["prefix_cache_hits"] <= column["prefix_cache_queries"]
         assert column["leaked_blocks"] == 0
         usage = column["kv_usage"]
-        assert 0 <= usage["p50"] <= usage["p99"] <= usage["max"] <= 1
+        assert 0 <= usage["p50"] <= usage["p90"] <= usage["p99"] <= usage["max"] <= 1
         assert usage["mean"] <= usage["max"]
     for key in (
         "requests_submitted",
@@ -157,7 +157,7 @@ def test_idle_or_all_rejected_workers_report_zeros(
     assert len(idle) >= num_idle
     for worker in idle:
         assert worker["steps"] == worker["generated_tokens"] == 0
-        assert worker["kv_usage"] == {"mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+        assert set(worker["kv_usage"].values()) == {0.0}
         assert worker["ttft_s"]["p99"] == worker["latency_s"]["max"] == 0.0
         assert worker["prefix_cache_hit_rate"] is None  # nothing was asked
     if "--num-gpu-blocks" in flags:
