@@ -10,12 +10,17 @@ with 0 (the default) it never sleeps.
 Dispatch: ``least-loaded`` (default) gives a request to the engine with the fewest
 outstanding (waiting + running) requests, lowest rank on ties; ``round-robin`` cycles
 through the ranks. Both are deterministic.
+
+The busy engines wait in a heap keyed by (clock, rank), so choosing the next to step
+costs O(log busy) whatever the number of workers; requests are pulled from their
+iterable one at a time, so a streamed trace is never held whole.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from itertools import pairwise
 from typing import Literal
 
@@ -27,16 +32,22 @@ from kvpool.workloads import RequestSpec
 
 Dispatch = Literal["least-loaded", "round-robin"]
 ProgressCallback = Callable[[int, int, float], None]
-"""Called as ``(requests finished or rejected, requests in the workload, simulated s)``."""
+"""Called as ``(requests finished or rejected, requests in the workload, simulated s)``;
+the workload's count is 0 when ``requests`` has no length (a plain iterator)."""
 
 
 class Simulation:
-    """Runs ``requests`` (ordered by arrival) through ``engines`` until all are done."""
+    """Runs ``requests`` (ordered by arrival) through ``engines`` until all are done.
+
+    ``requests`` is any iterable, read once, in order; a sequence out of arrival order is
+    refused here, an iterator when the request out of order comes up (`run` raises
+    `InvalidArgumentError` then, with the earlier requests already simulated).
+    """
 
     def __init__(
         self,
         engines: Sequence[MockEngine],
-        requests: Sequence[RequestSpec],
+        requests: Iterable[RequestSpec],
         *,
         dispatch: Dispatch = "least-loaded",
         speedup_ratio: float = 0.0,
@@ -48,7 +59,9 @@ class Simulation:
             raise InvalidArgumentError(f"unknown dispatch policy {dispatch!r}")
         if not speedup_ratio >= 0:
             raise InvalidArgumentError(f"speedup_ratio must be >= 0, got {speedup_ratio!r}")
-        if any(b.arrival_s < a.arrival_s for a, b in pairwise(requests)):
+        if isinstance(requests, Sequence) and any(
+            b.arrival_s < a.arrival_s for a, b in pairwise(requests)
+        ):
             raise InvalidArgumentError("requests must be ordered by arrival time")
         self.engines = list(engines)
         self.requests = requests
@@ -66,47 +79,70 @@ class Simulation:
         """
         engines = self.engines
         requests = self.requests
-        total = len(requests)
+        total = len(requests) if isinstance(requests, Sized) else 0
         report = self.on_progress
         speedup = self.speedup_ratio
+        settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
+        # (clock, rank, index) of each busy engine, earliest first. A busy engine's clock
+        # moves only when it steps (advance_to leaves it alone), and it is off the heap
+        # while it steps, so every key on the heap is its engine's current clock.
+        busy = [(e.clock, e.rank, i) for i, e in enumerate(engines) if e.has_work]
+        heapq.heapify(busy)
+        queued = [False] * len(engines)  # on the heap (busy)
+        for _, _, index in busy:
+            queued[index] = True
+        arrivals = iter(requests)
+        spec = next(arrivals, None)
+        last_arrival = 0.0 if spec is None else spec.arrival_s
         start = time.perf_counter()
-        index = 0
         while True:
-            busy = [engine for engine in engines if engine.has_work]
-            earliest = min(busy, key=_clock_then_rank) if busy else None
-            if index < total and (earliest is None or requests[index].arrival_s <= earliest.clock):
-                spec = requests[index]
-                index += 1
+            if spec is not None and (not busy or spec.arrival_s <= busy[0][0]):
+                if spec.arrival_s < last_arrival:
+                    raise InvalidArgumentError(
+                        f"requests must be ordered by arrival time: {spec.request_id} "
+                        f"arrives at {spec.arrival_s}s, after one at {last_arrival}s"
+                    )
+                last_arrival = spec.arrival_s
                 if speedup > 0:
                     await _sleep_until(start + spec.arrival_s / speedup)
-                engine = self._choose()
+                index = self._choose()
+                engine = engines[index]
                 engine.advance_to(spec.arrival_s)
-                if not await engine.submit(spec, spec.arrival_s) and report is not None:
-                    report(self._settled(), total, spec.arrival_s)
+                if not await engine.submit(spec, spec.arrival_s):
+                    settled += 1
+                    if report is not None:
+                        report(settled, total, spec.arrival_s)
+                elif not queued[index]:
+                    heapq.heappush(busy, (engine.clock, engine.rank, index))
+                    queued[index] = True
+                spec = next(arrivals, None)
                 continue
-            if earliest is None:
+            if not busy:
                 break
-            await earliest.step()
+            _, _, index = heapq.heappop(busy)
+            engine = engines[index]
+            completed = engine.stats.completed
+            await engine.step()
+            settled += engine.stats.completed - completed
+            if engine.has_work:
+                heapq.heappush(busy, (engine.clock, engine.rank, index))
+            else:
+                queued[index] = False
             if speedup > 0:
-                await _sleep_until(start + earliest.clock / speedup)
+                await _sleep_until(start + engine.clock / speedup)
             if report is not None:
-                report(self._settled(), total, earliest.clock)
+                report(settled, total, engine.clock)
         self.wall_s = time.perf_counter() - start
         return self.wall_s
 
-    def _choose(self) -> MockEngine:
+    def _choose(self) -> int:
+        """The index of the engine the next request goes to."""
         if self.dispatch == "round-robin":
-            engine = self.engines[self._next_rank]
-            self._next_rank = (self._next_rank + 1) % len(self.engines)
-            return engine
-        return min(self.engines, key=lambda engine: engine.num_outstanding)
-
-    def _settled(self) -> int:
-        return sum(engine.stats.completed + engine.stats.rejected for engine in self.engines)
-
-
-def _clock_then_rank(engine: MockEngine) -> tuple[float, int]:
-    return engine.clock, engine.rank
+            index = self._next_rank
+            self._next_rank = (index + 1) % len(self.engines)
+            return index
+        engines = self.engines
+        return min(range(len(engines)), key=lambda i: engines[i].num_outstanding)
 
 
 async def _sleep_until(deadline: float) -> None:
