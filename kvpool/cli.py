@@ -38,6 +38,14 @@ if TYPE_CHECKING:
 
 _DEFAULTS = EngineConfig()
 _MAX_PORT = 65535
+# Flag bounds past which a value is absurd (it would exhaust memory or the clock), so
+# it is a usage error rather than a run that hangs or dies.
+_MAX_SESSIONS = 100_000  # ~350,000 requests, built up front
+_MAX_WORKERS = 10_000  # each holds a pool, a manager and (actor backend) a task
+_MAX_POOL_BLOCKS = (1 << 32) - 1  # the pool's own limit
+_MAX_TIMING = 1e6  # ms per step, us per token or per sequence: 1,000 s, 1 s, 1 s
+_MIN_SPEEDUP = 1e-6
+_MAX_SPEEDUP = 1e9
 _SUBSCRIBER_GRACE_S = 0.5  # five of a ZMQ subscriber's reconnection intervals
 _TIMING = TimingModel()
 
@@ -83,17 +91,33 @@ def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], i
     return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+def _number_at_most(maximum: float) -> Callable[[str], float]:
+    """A finite number in ``[0, maximum]``: past the bound a step or a pace is absurd,
+    and the simulated clock would stop resolving it."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value >= 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum:g}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _speedup(text: str) -> float:
+    value = _number_at_most(_MAX_SPEEDUP)(text)
+    if 0 < value < _MIN_SPEEDUP:
+        raise argparse.ArgumentTypeError(f"must be 0 or >= {_MIN_SPEEDUP:g}, got {text}")
     return value
 
 
-_non_negative_float.__name__ = "number"
+_speedup.__name__ = "number"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     work.add_argument(
         "--sessions",
-        type=_int_at_least(1),
+        type=_int_at_least(1, _MAX_SESSIONS),
         default=SyntheticWorkload().num_sessions,
         metavar="N",
         help="chat sessions in the embedded default workload (default: %(default)s)",
@@ -144,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine = sim.add_argument_group("engine (per worker)")
     engine.add_argument(
         "--num-gpu-blocks",
-        type=_int_at_least(1),
+        type=_int_at_least(1, _MAX_POOL_BLOCKS),
         default=_DEFAULTS.num_gpu_blocks,
         metavar="N",
         help="KV-cache blocks in each worker's pool (default: %(default)s)",
@@ -192,21 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument(
         "--step-overhead-ms",
-        type=_non_negative_float,
+        type=_number_at_most(_MAX_TIMING),
         default=_TIMING.step_overhead_s * 1e3,
         metavar="MS",
         help="timing model: fixed cost of a step (default: %(default)s)",
     )
     engine.add_argument(
         "--prefill-us-per-token",
-        type=_non_negative_float,
+        type=_number_at_most(_MAX_TIMING),
         default=_TIMING.prefill_token_s * 1e6,
         metavar="US",
         help="timing model: cost per prompt token computed (default: %(default)s)",
     )
     engine.add_argument(
         "--decode-us-per-seq",
-        type=_non_negative_float,
+        type=_number_at_most(_MAX_TIMING),
         default=_TIMING.decode_seq_s * 1e6,
         metavar="US",
         help="timing model: cost per decoding sequence (default: %(default)s)",
@@ -217,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         "--data-parallel-size",
         dest="workers",
-        type=_int_at_least(1),
+        type=_int_at_least(1, _MAX_WORKERS),
         default=1,
         metavar="N",
         help="engines (data-parallel ranks), each with its own pool and event stream "
@@ -232,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument(
         "--speedup-ratio",
-        type=_non_negative_float,
+        type=_speedup,
         default=0.0,
         metavar="R",
         help="simulated seconds per wall second; 0 = as fast as possible (default: 0)",

@@ -275,6 +275,14 @@ def test_a_missing_trace_file_is_an_error(tmp_path: Path) -> None:
         (["--trace-block-size", "64"], "applies to a --trace only"),
         (["--zmq-kv-event-port", "70000"], "must be <= 65535"),
         (["--zmq-kv-event-port", "65535", "--workers", "2"], "port 65536, above 65535"),
+        # absurd values: they would exhaust memory or the clock, not run
+        (["--num-gpu-blocks", "100000000000"], "must be <= 4294967295"),
+        (["--workers", "100000000"], "must be <= 10000"),
+        (["--sessions", "100000000"], "must be <= 100000"),
+        (["--step-overhead-ms", "1e308"], "must be <= 1e+06"),
+        (["--prefill-us-per-token", "inf"], "must be a finite number >= 0"),
+        (["--decode-us-per-seq", "nan"], "must be a finite number >= 0"),
+        (["--speedup-ratio", "1e-300"], "must be 0 or >= 1e-06"),
     ],
 )
 def test_a_bad_flag_is_a_usage_error(flags: list[str], message: str) -> None:
