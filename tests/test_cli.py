@@ -803,11 +803,12 @@ def drain(controller: int) -> bytes:
         seen += chunk
 
 
-def test_sigterm_mid_run_exits_143_with_a_message() -> None:
+@pytest.mark.parametrize("loop", ["auto", "asyncio", "trio"])
+def test_sigterm_mid_run_exits_143_with_a_message(loop: str) -> None:
     controller, terminal = pty.openpty()
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kvpool", "simulate", "--speedup-ratio", "2"],
+            [sys.executable, "-m", "kvpool", "simulate", "--speedup-ratio", "2", "--loop", loop],
             stdout=subprocess.PIPE,
             stderr=terminal,
             cwd=ROOT,
