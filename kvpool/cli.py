@@ -427,6 +427,8 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return _fail(str(exc))
     trace: MooncakeTrace | None = None
     if args.trace:
+        if args.trace == "-" and sys.stdin.isatty():  # a forgotten pipe would look hung
+            print("kvpool simulate: reading the trace from stdin (Ctrl-D ends it)", file=sys.stderr)
         try:  # validated whole, streamed later
             trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
         except TraceError as exc:

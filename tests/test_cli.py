@@ -900,3 +900,24 @@ def test_the_progress_line_fits_the_terminal() -> None:
     assert lines
     assert all(len(line) == columns - 1 for line in lines)  # padded to the width, never over
     assert f"{total}/{total} requests 100%".encode() in lines[-1]
+
+
+def test_a_trace_from_a_terminal_says_it_is_reading_stdin() -> None:
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvpool", "simulate", "--trace", "-"],
+            stdin=terminal,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+        )
+        assert process.stderr is not None
+        assert b"reading the trace from stdin (Ctrl-D ends it)" in process.stderr.readline()
+        os.write(controller, SAMPLE_TRACE.read_bytes().splitlines()[0] + b"\n\x04")
+        stdout, _ = process.communicate(timeout=60)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert process.returncode == 0
+    assert b"trace <stdin> (1 requests)" in stdout

@@ -8,7 +8,7 @@ its magic bytes, whatever its name. Standard input can be read only once, so
 from __future__ import annotations
 
 import gzip
-import shutil
+import io
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -47,7 +47,12 @@ def spool_stdin() -> IO[bytes]:
     """Copy standard input to a temporary file (deleted when closed), rewound."""
     spool = tempfile.TemporaryFile()  # noqa: SIM115 (returned open; the caller closes it)
     try:
-        shutil.copyfileobj(sys.stdin.buffer, spool, 1 << 20)
+        stdin = sys.stdin.buffer
+        # read1: one read per call, so the first end of file ends the copy (a terminal's
+        # Ctrl-D is not sticky: a buffered read(n) would wait for a second one)
+        read = stdin.read1 if isinstance(stdin, io.BufferedIOBase) else stdin.read
+        while chunk := read(1 << 20):
+            spool.write(chunk)
         spool.seek(0)
     except BaseException:
         spool.close()
