@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from kvpool.engine import (
+    Dispatch,
     EngineConfig,
     EngineStats,
     KvUsage,
@@ -303,7 +306,7 @@ async def test_an_iterator_out_of_order_is_refused_when_it_comes_up() -> None:
 
 
 class CountingEngine(MockEngine):
-    """A MockEngine that counts how often the simulation asks whether it has work."""
+    """A MockEngine that counts how often the simulation asks for its work and load."""
 
     reads = 0
 
@@ -312,20 +315,51 @@ class CountingEngine(MockEngine):
         CountingEngine.reads += 1
         return bool(self.running or self.waiting)
 
+    @property
+    def num_outstanding(self) -> int:
+        CountingEngine.reads += 1
+        return len(self.running) + len(self.waiting)
 
+
+@pytest.mark.parametrize("dispatch", ["round-robin", "least-loaded"])
 @pytest.mark.parametrize("workers", [10, 1000])
-async def test_choosing_the_next_engine_does_not_scan_the_workers(workers: int) -> None:
+async def test_choosing_the_next_engine_does_not_scan_the_workers(
+    workers: int, dispatch: Dispatch
+) -> None:
     pool = [
         CountingEngine(LocalKvClient.create(16, 16), EngineConfig(num_gpu_blocks=16), rank=r)
         for r in range(workers)
     ]
     requests = [spec(f"r{i}", 20, 5, 0.01 * i) for i in range(6)]
     CountingEngine.reads = 0
-    simulation = Simulation(pool, requests, dispatch="round-robin")
-    await simulation.run()
+    await Simulation(pool, requests, dispatch=dispatch).run()
     steps = sum(e.stats.steps for e in pool)
     assert steps == 6 * 5
-    # one read per worker to build the heap, then a bounded number per step and
+    # one read per worker to build each heap, then a bounded number per step and
     # arrival (engine.step and advance_to ask too) - none that grows with the workers
-    per_step = (CountingEngine.reads - workers) / steps
-    assert per_step <= 4
+    per_step = (CountingEngine.reads - 2 * workers) / steps
+    assert per_step <= 6
+
+
+class LoadCheckingEngine(MockEngine):
+    """A MockEngine that checks, on every submit, that it is the least loaded."""
+
+    cluster: ClassVar[list[LoadCheckingEngine]] = []
+
+    async def submit(self, spec: RequestSpec, arrival_s: float | None = None) -> bool:
+        loads = [(e.num_outstanding, e.rank) for e in LoadCheckingEngine.cluster]
+        assert min(loads) == (self.num_outstanding, self.rank)
+        return await super().submit(spec, arrival_s)
+
+
+async def test_least_loaded_dispatch_picks_the_fewest_outstanding_lowest_rank() -> None:
+    config = EngineConfig(num_gpu_blocks=64, max_num_batched_tokens=256, max_num_seqs=4)
+    LoadCheckingEngine.cluster = [
+        LoadCheckingEngine(LocalKvClient.create(64, 16), config, rank=r) for r in range(5)
+    ]
+    # 1,000 requests, bursts and lulls: loads rise, fall and tie; the heap of loads is
+    # rebuilt several times over
+    requests = SyntheticWorkload(seed=7, num_sessions=300).requests()[:1000]
+    await Simulation(LoadCheckingEngine.cluster, requests, dispatch="least-loaded").run()
+    assert sum(e.stats.submitted for e in LoadCheckingEngine.cluster) == 1000
+    assert all(e.stats.submitted > 0 for e in LoadCheckingEngine.cluster)  # all had a turn

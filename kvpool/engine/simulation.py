@@ -12,8 +12,9 @@ outstanding (waiting + running) requests, lowest rank on ties; ``round-robin`` c
 through the ranks. Both are deterministic.
 
 The busy engines wait in a heap keyed by (clock, rank), so choosing the next to step
-costs O(log busy) whatever the number of workers; requests are pulled from their
-iterable one at a time, so a streamed trace is never held whole.
+costs O(log busy) whatever the number of workers, and least-loaded dispatch reads a heap
+of loads the same way; requests are pulled from their iterable one at a time, so a
+streamed trace is never held whole.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class Simulation:
         queued = [False] * len(engines)  # on the heap (busy)
         for _, _, index in busy:
             queued[index] = True
+        loads = _LoadHeap(engines) if self.dispatch == "least-loaded" else None
         arrivals = iter(requests)
         spec = next(arrivals, None)
         last_arrival = 0.0 if spec is None else spec.arrival_s
@@ -105,14 +107,18 @@ class Simulation:
                 last_arrival = spec.arrival_s
                 if speedup > 0:
                     await _sleep_until(start + spec.arrival_s / speedup)
-                index = self._choose()
+                index = self._round_robin() if loads is None else loads.lightest()
                 engine = engines[index]
                 engine.advance_to(spec.arrival_s)
                 if not await engine.submit(spec, spec.arrival_s):
                     settled += 1
                     if report is not None:
                         report(settled, total, spec.arrival_s)
-                elif not queued[index]:
+                    spec = next(arrivals, None)
+                    continue
+                if loads is not None:
+                    loads.changed(index)
+                if not queued[index]:
                     heapq.heappush(busy, (engine.clock, engine.rank, index))
                     queued[index] = True
                 spec = next(arrivals, None)
@@ -123,7 +129,10 @@ class Simulation:
             engine = engines[index]
             completed = engine.stats.completed
             await engine.step()
-            settled += engine.stats.completed - completed
+            if engine.stats.completed != completed:
+                settled += engine.stats.completed - completed
+                if loads is not None:
+                    loads.changed(index)
             if engine.has_work:
                 heapq.heappush(busy, (engine.clock, engine.rank, index))
             else:
@@ -135,14 +144,45 @@ class Simulation:
         self.wall_s = time.perf_counter() - start
         return self.wall_s
 
-    def _choose(self) -> int:
-        """The index of the engine the next request goes to."""
-        if self.dispatch == "round-robin":
-            index = self._next_rank
-            self._next_rank = (index + 1) % len(self.engines)
-            return index
-        engines = self.engines
-        return min(range(len(engines)), key=lambda i: engines[i].num_outstanding)
+    def _round_robin(self) -> int:
+        index = self._next_rank
+        self._next_rank = (index + 1) % len(self.engines)
+        return index
+
+
+class _LoadHeap:
+    """The engines by (outstanding requests, index): least-loaded dispatch in O(log n).
+
+    Lazy: a changed load pushes a fresh entry and the stale ones are dropped when they
+    surface, so every engine always has an entry holding its current load (`changed`
+    must be called after every change: an accepted submit, a step that finished one).
+    Rebuilt when stale entries outnumber the engines, so it stays O(engines) in size.
+    """
+
+    def __init__(self, engines: Sequence[MockEngine]) -> None:
+        self._engines = engines
+        self._heap: list[tuple[int, int]] = []
+        self._rebuild()
+
+    def lightest(self) -> int:
+        """The index of the engine with the fewest outstanding requests (lowest on ties)."""
+        heap = self._heap
+        engines = self._engines
+        while True:
+            load, index = heap[0]
+            if engines[index].num_outstanding == load:
+                return index
+            heapq.heappop(heap)
+
+    def changed(self, index: int) -> None:
+        """Engine ``index``'s load changed."""
+        heapq.heappush(self._heap, (self._engines[index].num_outstanding, index))
+        if len(self._heap) > 2 * len(self._engines) + 64:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._heap = [(engine.num_outstanding, i) for i, engine in enumerate(self._engines)]
+        heapq.heapify(self._heap)
 
 
 async def _sleep_until(deadline: float) -> None:
