@@ -25,6 +25,7 @@ from kvpool.engine.report import (
     format_report,
     report_json,
 )
+from kvpool.engine.request import RequestRecord
 from kvpool.engine.runner import (
     KV_BACKENDS,
     SimulationRun,
@@ -46,6 +47,7 @@ __all__ = [
     "MockEngine",
     "PreemptionMode",
     "Report",
+    "RequestRecord",
     "Simulation",
     "SimulationRun",
     "StepOutcome",
