@@ -1,19 +1,27 @@
 """``kvpool``: the command line. ``kvpool simulate`` runs a workload on mock engines.
 
 Exit status: 0 on success, 2 for a bad flag, 1 for bad input (an unreadable or malformed
-trace, a missing optional dependency, a socket that cannot be bound) or a run that
-leaked KV blocks, 130 when interrupted. Input is validated before anything runs.
+trace, an output file that cannot be written, a missing optional dependency, a socket
+that cannot be bound) or a run that leaked KV blocks, 130 when interrupted (Ctrl-C,
+SIGINT) and 143 when terminated (SIGTERM), at any point. Input and output paths are
+checked before anything runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from kvpool import __version__
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
@@ -21,9 +29,9 @@ from kvpool.engine.timing import DynamoTiming, ProfileTiming, StepTiming
 from kvpool.errors import PoolError, TraceError
 from kvpool.workloads import (
     MOONCAKE_BLOCK_SIZE,
+    MooncakeTrace,
     RequestSpec,
     SyntheticWorkload,
-    read_mooncake_trace,
 )
 
 if TYPE_CHECKING:
@@ -31,6 +39,14 @@ if TYPE_CHECKING:
 
 _DEFAULTS = EngineConfig()
 _MAX_PORT = 65535
+# Flag bounds past which a value is absurd (it would exhaust memory or the clock), so
+# it is a usage error rather than a run that hangs or dies.
+_MAX_SESSIONS = 100_000  # ~350,000 requests, built up front
+_MAX_WORKERS = 10_000  # each holds a pool, a manager and (actor backend) a task
+_MAX_POOL_BLOCKS = (1 << 32) - 1  # the pool's own limit
+_MAX_TIMING = 1e6  # ms per step, us per token or per sequence: 1,000 s, 1 s, 1 s
+_MIN_SPEEDUP = 1e-6
+_MAX_SPEEDUP = 1e9
 _SUBSCRIBER_GRACE_S = 0.5  # five of a ZMQ subscriber's reconnection intervals
 _TIMING = TimingModel()
 
@@ -51,10 +67,14 @@ plus max(1, -25.74*p^2 + 54.01*p + 5.74) ms if it samples a token, p = KV usage,
 of simulated time; --speedup-ratio 0 (the default) runs as fast as possible, a ratio R > 0
 paces the run so simulated time passes R times faster than wall time.
 
+exit status: 0 done, 1 bad input (trace, output path) or a leaked block, 2 bad flags,
+130 interrupted, 143 terminated (SIGTERM).
+
 examples:
   kvpool simulate
   kvpool simulate --workers 2 --json report.json --plot usage.png
   kvpool simulate --trace kvpool/data/sample_trace.jsonl --num-gpu-blocks 2048
+  zcat trace.jsonl.gz | kvpool simulate --trace - --requests-jsonl requests.jsonl
 """
 
 
@@ -74,17 +94,33 @@ def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], i
     return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+def _number_at_most(maximum: float) -> Callable[[str], float]:
+    """A finite number in ``[0, maximum]``: past the bound a step or a pace is absurd,
+    and the simulated clock would stop resolving it."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value >= 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum:g}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _speedup(text: str) -> float:
+    value = _number_at_most(_MAX_SPEEDUP)(text)
+    if 0 < value < _MIN_SPEEDUP:
+        raise argparse.ArgumentTypeError(f"must be 0 or >= {_MIN_SPEEDUP:g}, got {text}")
     return value
 
 
-_non_negative_float.__name__ = "number"
+_speedup.__name__ = "number"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpool", description="kvpool: a model of vLLM's GPU KV-cache block pool."
     )
+    parser.add_argument("--version", action="version", version=f"kvpool {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     sim = commands.add_parser(
         "simulate",
@@ -106,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace",
         metavar="FILE",
         help="Mooncake trace (JSON lines: timestamp ms, input_length, output_length, "
-        "hash_ids) to replay instead of the embedded default workload",
+        "hash_ids) to replay instead of the embedded default workload; gzip is read, "
+        "'-' reads standard input; validated whole before the run, then streamed",
     )
     work.add_argument(
         "--trace-block-size",
@@ -124,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     work.add_argument(
         "--sessions",
-        type=_int_at_least(1),
+        type=_int_at_least(1, _MAX_SESSIONS),
         default=SyntheticWorkload().num_sessions,
         metavar="N",
         help="chat sessions in the embedded default workload (default: %(default)s)",
@@ -133,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine = sim.add_argument_group("engine (per worker)")
     engine.add_argument(
         "--num-gpu-blocks",
-        type=_int_at_least(1),
+        type=_int_at_least(1, _MAX_POOL_BLOCKS),
         default=_DEFAULTS.num_gpu_blocks,
         metavar="N",
         help="KV-cache blocks in each worker's pool (default: %(default)s)",
@@ -181,21 +219,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument(
         "--step-overhead-ms",
-        type=_non_negative_float,
+        type=_number_at_most(_MAX_TIMING),
         default=_TIMING.step_overhead_s * 1e3,
         metavar="MS",
         help="timing model: fixed cost of a step (default: %(default)s)",
     )
     engine.add_argument(
         "--prefill-us-per-token",
-        type=_non_negative_float,
+        type=_number_at_most(_MAX_TIMING),
         default=_TIMING.prefill_token_s * 1e6,
         metavar="US",
         help="timing model: cost per prompt token computed (default: %(default)s)",
     )
     engine.add_argument(
         "--decode-us-per-seq",
-        type=_non_negative_float,
+        type=_number_at_most(_MAX_TIMING),
         default=_TIMING.decode_seq_s * 1e6,
         metavar="US",
         help="timing model: cost per decoding sequence (default: %(default)s)",
@@ -220,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         "--data-parallel-size",
         dest="workers",
-        type=_int_at_least(1),
+        type=_int_at_least(1, _MAX_WORKERS),
         default=1,
         metavar="N",
         help="engines (data-parallel ranks), each with its own pool and event stream "
@@ -235,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument(
         "--speedup-ratio",
-        type=_non_negative_float,
+        type=_speedup,
         default=0.0,
         metavar="R",
         help="simulated seconds per wall second; 0 = as fast as possible (default: 0)",
@@ -283,12 +321,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw KV usage and prefix-cache hit rate over simulated time (needs matplotlib)",
     )
     out.add_argument(
+        "--requests-jsonl",
+        metavar="FILE",
+        help="also write one JSON line per request, by arrival: arrival_s, "
+        "first_scheduled_s, first_token_s, finish_s, prompt_tokens, output_tokens, "
+        "cached_tokens (summed over admissions), preemptions, worker, rejected "
+        "('-' = stdout; the text report then goes to stderr)",
+    )
+    out.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress bar (there is none anyway unless stderr is a terminal)",
     )
     sim.set_defaults(handler=_simulate)
     return parser
+
+
+class _Termination:
+    """SIGTERM, turned into the same unwinding as Ctrl-C: the handler notes it and raises
+    SIGINT, so whatever handles SIGINT at that moment (Python's default, asyncio's or
+    trio's) interrupts cleanly, and `main` tells the two apart by ``received``."""
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.received = True
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -301,7 +362,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return 2
-    return handler(args, parser)
+    termination = _Termination()
+    previous = signal.signal(signal.SIGTERM, termination)
+    try:
+        return handler(args, parser)
+    except KeyboardInterrupt:
+        return _interrupted(args.command, termination)
+    except BaseExceptionGroup as group:  # an interrupt inside a task group
+        _, rest = group.split(KeyboardInterrupt)
+        if rest is not None:
+            raise
+        return _interrupted(args.command, termination)
+    except BrokenPipeError:  # the reader of stdout left (| head): say so, once
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail
+        os.close(devnull)
+        print(f"kvpool {args.command}: error: stdout was closed early", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(command: str, termination: _Termination) -> int:
+    if termination.received:
+        print(f"kvpool {command}: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    print(f"kvpool {command}: interrupted", file=sys.stderr)
+    return 128 + signal.SIGINT
 
 
 def _fail(message: str) -> int:
@@ -346,6 +433,8 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--seed and --sessions shape the embedded workload; --trace replaces it")
     if not args.trace and args.trace_block_size != MOONCAKE_BLOCK_SIZE:
         parser.error("--trace-block-size applies to a --trace only")
+    if args.json == "-" and args.requests_jsonl == "-":
+        parser.error("--json and --requests-jsonl cannot both write to stdout ('-')")
     port = args.zmq_kv_event_port
     if port is not None and port + args.workers - 1 > _MAX_PORT:
         parser.error(
@@ -353,10 +442,9 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"{port + args.workers - 1}, above {_MAX_PORT}"
         )
     # Everything that can fail on input fails here, before the run starts.
-    try:
-        requests, workload = _load_workload(args)
-    except TraceError as exc:
-        return _fail(str(exc))
+    failure = _check_outputs(args)
+    if failure is not None:
+        return _fail(failure)
     try:
         backend, options = _backend(args.loop)
     except ImportError as exc:
@@ -369,31 +457,101 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             check_plot_format(args.plot)
         except (ImportError, ValueError) as exc:
             return _fail(str(exc))
-    for name in ("json", "plot"):
+    trace: MooncakeTrace | None = None
+    if args.trace:
+        if args.trace == "-" and sys.stdin.isatty():  # a forgotten pipe would look hung
+            print("kvpool simulate: reading the trace from stdin (Ctrl-D ends it)", file=sys.stderr)
+        try:  # validated whole, streamed later
+            trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
+        except TraceError as exc:
+            return _fail(str(exc))
+    try:
+        requests, workload = _workload(args, trace)
+        return _simulate_loaded(args, backend, options, config, requests, workload)
+    finally:
+        if trace is not None:
+            trace.close()
+
+
+def _workload(
+    args: argparse.Namespace, trace: MooncakeTrace | None
+) -> tuple[Iterable[RequestSpec], str]:
+    if trace is not None:
+        order = "" if trace.in_order else ", out of timestamp order: held and sorted"
+        return trace, f"trace {trace.source} ({len(trace)} requests{order})"
+    requests = SyntheticWorkload(seed=args.seed, num_sessions=args.sessions).requests()
+    return requests, (
+        f"embedded default workload (seed {args.seed}, {args.sessions} sessions, "
+        f"{len(requests)} requests)"
+    )
+
+
+_OUTPUTS = (("--json", "json"), ("--plot", "plot"), ("--requests-jsonl", "requests_jsonl"))
+
+
+def _check_outputs(args: argparse.Namespace) -> str | None:
+    """Why an output path cannot be written (or would destroy the trace or another
+    output), or None; a file that did not exist is left not existing."""
+    taken: dict[str, str] = {}
+    for flag, name in _OUTPUTS:
         target = getattr(args, name)
-        if target and target != "-":
-            path = Path(target)
-            if path.is_dir():
-                return _fail(f"--{name}: {target} is a directory")
-            if not path.resolve().parent.is_dir():
-                return _fail(f"--{name}: no such directory: {path.parent}")
+        if not target or target == "-":
+            continue
+        problem = _unwritable(target)
+        if problem is not None:
+            return f"{flag}: {problem}"
+        if args.trace and args.trace != "-" and _same_file(target, args.trace):
+            return f"{flag}: {target} is the trace; writing it would destroy the input"
+        key = os.path.realpath(target)
+        if key in taken:
+            return f"{flag}: {target} is also the {taken[key]} file"
+        taken[key] = flag
+    return None
+
+
+def _unwritable(target: str) -> str | None:
+    path = Path(target)
+    if path.is_dir():
+        return f"{target} is a directory"
+    if not path.parent.is_dir():
+        return f"no such directory: {path.parent}"
+    existed = path.exists()
+    try:  # non-blocking: a FIFO with no reader fails instead of hanging
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    except OSError as exc:
+        return f"cannot write {target}: {exc.strerror or exc}"
+    os.close(fd)
+    if not existed:
+        path.unlink(missing_ok=True)
+    return None
+
+
+def _same_file(first: str, second: str) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(first) == os.path.realpath(second)
+
+
+def _simulate_loaded(
+    args: argparse.Namespace,
+    backend: str,
+    options: dict[str, object],
+    config: EngineConfig,
+    requests: Iterable[RequestSpec],
+    workload: str,
+) -> int:
     try:
         sinks = _open_sinks(args)
     except Exception as exc:  # zmq.ZMQError (bind), ImportError (no pyzmq), PoolError
         return _fail(f"--zmq-kv-event-port: {exc}")
-    if sinks:
-        _await_subscribers(sinks)
-
-    progress = ProgressBar(sys.stderr) if _show_progress(args) else None
+    progress: ProgressBar | None = None
     try:
+        if sinks:
+            _await_subscribers(sinks)
+        progress = ProgressBar(sys.stderr) if _show_progress(args) else None
         run = _run(args, backend, options, config, requests, workload, sinks, progress)
-    except KeyboardInterrupt:
-        if progress is not None:
-            progress.close()
-            progress = None
-        print("kvpool simulate: interrupted", file=sys.stderr)
-        return 130
-    finally:
+    finally:  # an interrupt too: end the progress line, close the sockets
         if progress is not None:
             progress.close()
         for sink in sinks or ():
@@ -405,17 +563,6 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if leaked:
         return _fail(f"{leaked} KV blocks were still active after every request finished")
     return 0
-
-
-def _load_workload(args: argparse.Namespace) -> tuple[list[RequestSpec], str]:
-    if args.trace:
-        requests = read_mooncake_trace(args.trace, trace_block_size=args.trace_block_size)
-        return requests, f"trace {args.trace} ({len(requests)} requests)"
-    requests = SyntheticWorkload(seed=args.seed, num_sessions=args.sessions).requests()
-    return requests, (
-        f"embedded default workload (seed {args.seed}, {args.sessions} sessions, "
-        f"{len(requests)} requests)"
-    )
 
 
 def _open_sinks(args: argparse.Namespace) -> list[ZmqEventPublisher] | None:
@@ -463,7 +610,7 @@ def _show_progress(args: argparse.Namespace) -> bool:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, object]:
-    skip = {"command", "handler", "json", "plot", "no_progress"}
+    skip = {"command", "handler", "json", "plot", "requests_jsonl", "no_progress"}
     return {key: value for key, value in sorted(vars(args).items()) if key not in skip}
 
 
@@ -472,7 +619,7 @@ def _run(
     backend: str,
     options: dict[str, object],
     config: EngineConfig,
-    requests: list[RequestSpec],
+    requests: Iterable[RequestSpec],
     workload: str,
     sinks: Sequence[EventSink] | None,
     progress: ProgressBar | None,
@@ -518,21 +665,23 @@ def _backend(loop: str) -> tuple[str, dict[str, object]]:
 def _write_outputs(args: argparse.Namespace, run: SimulationRun) -> str | None:
     """Print the report and write the files asked for; the first failure's message, or
     None. The text report is printed first, so a file that cannot be written loses
-    nothing else."""
+    nothing else; it goes to stderr when a file is written to stdout ('-')."""
     report: Report = run.report
     text = format_report(report)
-    if args.json == "-":
+    if "-" in (args.json, args.requests_jsonl):
         sys.stderr.write(text)
-        sys.stdout.buffer.write(report_json(report))
-        sys.stdout.flush()
+        sys.stderr.flush()
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
-        if args.json:
-            try:
-                Path(args.json).write_bytes(report_json(report))
-            except OSError as exc:
-                return f"--json: cannot write {args.json}: {exc.strerror or exc}"
+    if args.json:
+        failure = _write("--json", args.json, [report_json(report)])
+        if failure is not None:
+            return failure
+    if args.requests_jsonl:
+        failure = _write("--requests-jsonl", args.requests_jsonl, _request_lines(run))
+        if failure is not None:
+            return failure
     if args.plot:
         from kvpool.engine.plot import write_plot
 
@@ -540,6 +689,31 @@ def _write_outputs(args: argparse.Namespace, run: SimulationRun) -> str | None:
             write_plot(run.engines, args.plot)
         except OSError as exc:
             return f"--plot: cannot write {args.plot}: {exc.strerror or exc}"
+    return None
+
+
+def _request_lines(run: SimulationRun) -> Iterable[bytes]:
+    """One JSON line per request of the run, by arrival (then worker, then settling)."""
+    records = [record for engine in run.engines for record in engine.stats.requests]
+    records.sort(key=lambda record: (record.arrival_s, record.worker))
+    encoder = msgspec.json.Encoder()
+    for record in records:
+        yield encoder.encode(record) + b"\n"
+
+
+def _write(flag: str, target: str, chunks: Iterable[bytes]) -> str | None:
+    """Write ``chunks`` to ``target`` ('-' = stdout); the failure's message, or None."""
+    if target == "-":
+        for chunk in chunks:
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+        return None
+    try:
+        with open(target, "wb") as file:
+            for chunk in chunks:
+                file.write(chunk)
+    except OSError as exc:
+        return f"{flag}: cannot write {target}: {exc.strerror or exc}"
     return None
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import fcntl
+import gzip
 import json
 import os
 import pty
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 from typing import Any
@@ -53,7 +58,7 @@ def check_consistent(report: dict[str, Any], submitted: int, workers: int) -> No
         assert 0 <= column["prefix_cache_hits"] <= column["prefix_cache_queries"]
         assert column["leaked_blocks"] == 0
         usage = column["kv_usage"]
-        assert 0 <= usage["p50"] <= usage["p99"] <= usage["max"] <= 1
+        assert 0 <= usage["p50"] <= usage["p90"] <= usage["p99"] <= usage["max"] <= 1
         assert usage["mean"] <= usage["max"]
     for key in (
         "requests_submitted",
@@ -126,6 +131,44 @@ def test_a_request_larger_than_the_pool_is_counted_as_rejected() -> None:
     assert too_big > 0
     assert report["total"]["requests_rejected"] == too_big
     check_consistent(report, len(requests), workers=1)
+
+
+def one_request_trace(tmp_path: Path) -> Path:
+    trace = tmp_path / "one.jsonl"
+    trace.write_text(SAMPLE_TRACE.read_text().splitlines()[0] + "\n")
+    return trace
+
+
+@pytest.mark.parametrize(
+    ("flags", "num_idle"),
+    [
+        (["--sessions", "1", "--workers", "2"], 1),  # one session's turns never overlap
+        (["--sessions", "2", "--workers", "32"], 28),
+        (["--sessions", "2", "--num-gpu-blocks", "2"], 0),  # every request rejected
+        (["--trace", "ONE", "--workers", "3"], 2),
+    ],
+)
+def test_idle_or_all_rejected_workers_report_zeros(
+    tmp_path: Path, flags: list[str], num_idle: int
+) -> None:
+    flags = [str(one_request_trace(tmp_path)) if f == "ONE" else f for f in flags]
+    result = kvpool("simulate", *flags, "--json", "-")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    total = report["total"]
+    check_consistent(report, total["requests_submitted"], workers=len(report["workers"]))
+    idle = [w for w in report["workers"] if w["requests_submitted"] == 0]
+    assert len(idle) >= num_idle
+    for worker in idle:
+        assert worker["steps"] == worker["generated_tokens"] == 0
+        assert set(worker["kv_usage"].values()) == {0.0}
+        assert worker["ttft_s"]["p99"] == worker["latency_s"]["max"] == 0.0
+        assert worker["prefix_cache_hit_rate"] is None  # nothing was asked
+    if "--num-gpu-blocks" in flags:
+        assert total["requests_rejected"] == total["requests_submitted"] > 0
+        assert total["steps"] == total["generated_tokens"] == 0
+        assert total["kv_usage"]["max"] == 0.0
 
 
 def test_the_plot_is_a_png(tmp_path: Path) -> None:
@@ -232,6 +275,14 @@ def test_a_missing_trace_file_is_an_error(tmp_path: Path) -> None:
         (["--trace-block-size", "64"], "applies to a --trace only"),
         (["--zmq-kv-event-port", "70000"], "must be <= 65535"),
         (["--zmq-kv-event-port", "65535", "--workers", "2"], "port 65536, above 65535"),
+        # absurd values: they would exhaust memory or the clock, not run
+        (["--num-gpu-blocks", "100000000000"], "must be <= 4294967295"),
+        (["--workers", "100000000"], "must be <= 10000"),
+        (["--sessions", "100000000"], "must be <= 100000"),
+        (["--step-overhead-ms", "1e308"], "must be <= 1e+06"),
+        (["--prefill-us-per-token", "inf"], "must be a finite number >= 0"),
+        (["--decode-us-per-seq", "nan"], "must be a finite number >= 0"),
+        (["--speedup-ratio", "1e-300"], "must be 0 or >= 1e-06"),
     ],
 )
 def test_a_bad_flag_is_a_usage_error(flags: list[str], message: str) -> None:
@@ -520,3 +571,353 @@ def test_json_report_decodes_into_the_report_type() -> None:
     assert result.returncode == 0, result.stderr
     report = msgspec.json.decode(result.stdout.encode(), type=Report)
     assert report.total.requests_submitted == len(SyntheticWorkload(num_sessions=5).requests())
+
+
+# ------------------------------------------------------------------ latency figures, records
+
+
+def test_the_report_carries_vllm_bench_serves_latencies(tmp_path: Path) -> None:
+    records_path = tmp_path / "requests.jsonl"
+    result = kvpool(
+        "simulate",
+        "--sessions",
+        "10",
+        "--workers",
+        "2",
+        "--num-gpu-blocks",
+        "300",
+        "--json",
+        "-",
+        "--requests-jsonl",
+        str(records_path),
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for column in [*report["workers"], report["total"]]:
+        for name in ("ttft_s", "tpot_s", "itl_s", "latency_s"):
+            d = column[name]
+            assert 0 <= d["p50"] <= d["p90"] <= d["p99"] <= d["max"], name
+            assert d["mean"] <= d["max"]
+        assert column["output_tokens_per_s"] == pytest.approx(
+            column["generated_tokens"] / report["simulated_s"]
+        )
+    total = report["total"]
+    assert total["ttft_s"]["p50"] <= total["latency_s"]["p50"]
+    for row in ("TTFT p90 (ms)", "TPOT mean (ms)", "ITL p99 (ms)", "end-to-end latency p50"):
+        assert row in result.stderr
+    assert "output tokens per second" in result.stderr
+
+    lines = records_path.read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    requests = SyntheticWorkload(num_sessions=10).requests()
+    assert len(records) == len(requests) == total["requests_submitted"]
+    assert sorted(r["request_id"] for r in records) == sorted(r.request_id for r in requests)
+    assert [r["arrival_s"] for r in records] == sorted(r["arrival_s"] for r in records)
+    assert set(records[0]) == {
+        "request_id",
+        "worker",
+        "arrival_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "finish_s",
+        "prompt_tokens",
+        "output_tokens",
+        "cached_tokens",
+        "preemptions",
+        "rejected",
+    }
+    for worker in report["workers"]:
+        mine = [r for r in records if r["worker"] == worker["worker"]]
+        assert len(mine) == worker["requests_submitted"]
+        assert sum(r["cached_tokens"] for r in mine) == worker["prefix_cache_hits"]
+        assert sum(r["preemptions"] for r in mine) == worker["preemptions"]
+        assert sum(r["rejected"] for r in mine) == worker["requests_rejected"]
+    finished = [r for r in records if not r["rejected"]]
+    assert total["generated_tokens"] == sum(r["output_tokens"] for r in finished)
+    for r in finished:
+        assert r["arrival_s"] <= r["first_scheduled_s"] < r["first_token_s"] <= r["finish_s"]
+    assert total["latency_s"]["max"] == pytest.approx(
+        max(r["finish_s"] - r["arrival_s"] for r in finished)
+    )
+
+
+def test_requests_jsonl_to_stdout_moves_the_text_report_to_stderr() -> None:
+    result = kvpool("simulate", "--sessions", "3", "--requests-jsonl", "-")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == len(SyntheticWorkload(num_sessions=3).requests())
+    assert "requests completed" in result.stderr
+    both = kvpool("simulate", "--sessions", "3", "--requests-jsonl", "-", "--json", "-")
+    assert both.returncode == 2
+    assert "cannot both write to stdout" in both.stderr
+
+
+# ------------------------------------------------------------------ no crash on any input
+
+
+def test_version() -> None:
+    from kvpool import __version__
+
+    result = kvpool("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"kvpool {__version__}"
+
+
+def totals_without_timing(stdout: str) -> dict[str, Any]:
+    report = json.loads(stdout)
+    total: dict[str, Any] = report["total"]
+    return total
+
+
+def test_a_trace_on_stdin_or_gzipped_runs_as_the_file_does(tmp_path: Path) -> None:
+    plain = kvpool("simulate", "--trace", str(SAMPLE_TRACE), "--json", "-")
+    assert plain.returncode == 0, plain.stderr
+    packed = tmp_path / "trace.jsonl.gz"
+    packed.write_bytes(gzip.compress(SAMPLE_TRACE.read_bytes()))
+    gz = kvpool("simulate", "--trace", str(packed), "--json", "-")
+    assert gz.returncode == 0, gz.stderr
+    with SAMPLE_TRACE.open("rb") as stdin:
+        piped = kvpool("simulate", "--trace", "-", "--json", "-", stdin=stdin)
+    assert piped.returncode == 0, piped.stderr
+    assert "trace <stdin> (" in piped.stderr
+    expected = totals_without_timing(plain.stdout)
+    assert totals_without_timing(gz.stdout) == expected
+    assert totals_without_timing(piped.stdout) == expected
+
+
+def test_a_bad_line_on_stdin_is_named(tmp_path: Path) -> None:
+    good = SAMPLE_TRACE.read_text().splitlines()
+    line = json.loads(good[0])
+    line["input_length"] = 2**40
+    text = "\n".join([good[0], json.dumps(line)]) + "\n"
+    result = kvpool("simulate", "--trace", "-", input=text)
+    assert result.returncode == 1
+    assert "<stdin>:2: input_length must be <= 2**30 tokens" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1e300", "timestamp must be <= 1e+12 ms"),
+        ("1e999", "Number out of range"),
+        ("NaN", "not a JSON object"),
+        ("-5", "timestamp must be >= 0 ms"),
+    ],
+)
+def test_an_absurd_timestamp_is_a_one_line_error_and_nothing_runs(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    good = SAMPLE_TRACE.read_text().splitlines()
+    bad = json.loads(good[3])
+    bad["timestamp"] = 0
+    trace = tmp_path / "absurd.jsonl"
+    trace.write_text("\n".join([*good[:3], json.dumps(bad).replace(": 0,", f": {value},", 1)]))
+    out = tmp_path / "requests.jsonl"
+    result = kvpool("simulate", "--trace", str(trace), "--requests-jsonl", str(out))
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"kvpool simulate: error: {trace}:4: ")
+    assert message in line
+    assert result.stdout == ""
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot", "--requests-jsonl"])
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("DIR", "is a directory"),
+        ("DIR/missing/out.png", "no such directory"),
+        ("/proc/kvpool-out.png", "cannot write /proc/kvpool-out.png"),
+        ("TRACE", "is the trace; writing it would destroy the input"),
+    ],
+)
+def test_a_bad_output_path_fails_before_the_run(
+    tmp_path: Path, flag: str, where: str, message: str
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(SAMPLE_TRACE.read_bytes())
+    target = where.replace("DIR", str(tmp_path)).replace("TRACE", str(trace))
+    result = kvpool("simulate", "--trace", str(trace), flag, target)
+    assert result.returncode == 1
+    assert f"kvpool simulate: error: {flag}: " in result.stderr
+    assert message in result.stderr
+    assert result.stdout == ""
+    assert trace.read_bytes() == SAMPLE_TRACE.read_bytes()
+
+
+def test_the_trace_is_refused_as_an_output_under_another_name(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(SAMPLE_TRACE.read_bytes())
+    alias = tmp_path / "alias.jsonl"
+    alias.symlink_to(trace)
+    result = kvpool("simulate", "--trace", str(trace), "--json", str(alias))
+    assert result.returncode == 1
+    assert "is the trace" in result.stderr
+    assert trace.read_bytes() == SAMPLE_TRACE.read_bytes()
+
+
+def test_two_outputs_in_one_file_are_refused_and_no_file_is_left(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    result = kvpool("simulate", "--sessions", "3", "--json", str(out), "--requests-jsonl", str(out))
+    assert result.returncode == 1
+    assert f"--requests-jsonl: {out} is also the --json file" in result.stderr
+    assert not out.exists()  # the probe of a new file leaves none behind
+
+
+def test_a_closed_stdout_is_an_error_line_not_a_traceback() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvpool", "simulate", "--sessions", "40", "--requests-jsonl", "-"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert process.stdout is not None
+    process.stdout.close()  # the reader leaves before anything is written
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1
+    assert b"kvpool simulate: error: stdout was closed early" in stderr
+    assert b"Traceback" not in stderr
+
+
+def read_until(controller: int, needle: bytes, seen: bytes = b"") -> bytes:
+    """Read the pty until ``needle`` shows (a bounded wait: 60 s)."""
+    deadline = time.monotonic() + 60
+    while needle not in seen:
+        assert time.monotonic() < deadline, seen[-500:]
+        ready, _, _ = select.select([controller], [], [], 1.0)
+        if ready:
+            seen += os.read(controller, 4096)
+    return seen
+
+
+def drain(controller: int) -> bytes:
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO once the terminal side is closed and drained
+            return seen
+        if not chunk:
+            return seen
+        seen += chunk
+
+
+@pytest.mark.parametrize("loop", ["auto", "asyncio", "trio"])
+def test_sigterm_mid_run_exits_143_with_a_message(loop: str) -> None:
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvpool", "simulate", "--speedup-ratio", "2", "--loop", loop],
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            cwd=ROOT,
+        )
+        seen = read_until(controller, b"requests")  # the progress bar: the run has started
+        process.send_signal(signal.SIGTERM)
+        stdout, _ = process.communicate(timeout=60)
+        os.close(terminal)
+        terminal = -1
+        seen += drain(controller)
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        os.close(controller)
+    assert process.returncode == 143
+    assert b"kvpool simulate: terminated (SIGTERM)" in seen
+    assert b"Traceback" not in seen
+    assert stdout == b""
+
+
+def test_ctrl_c_while_the_trace_is_read_exits_130() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvpool", "simulate", "--trace", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert process.stdin is not None
+    line = SAMPLE_TRACE.read_bytes().splitlines()[0] + b"\n"
+    # 1 MiB cannot sit in a pipe's buffer: once written, kvpool is reading the trace
+    process.stdin.write(line * (1 + (1 << 20) // len(line)))
+    process.stdin.flush()
+    process.send_signal(signal.SIGINT)  # stdin stays open: the read would never end
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.stdin.close()
+    assert process.returncode == 130
+    assert stderr.decode().strip() == "kvpool simulate: interrupted"
+    assert stdout == b""
+
+
+def test_ctrl_c_during_the_zmq_subscriber_wait_exits_130() -> None:
+    port = free_port_pair()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvpool",
+            "simulate",
+            "--zmq-kv-event-port",
+            str(port),
+            "--zmq-kv-event-host",
+            "127.0.0.1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert process.stderr is not None
+    first = process.stderr.readline()  # printed just before the 0.5 s wait
+    assert b"publishing KV events" in first
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert b"kvpool simulate: interrupted" in stderr
+    assert b"Traceback" not in stderr
+    assert stdout == b""
+
+
+def test_the_progress_line_fits_the_terminal() -> None:
+    controller, terminal = pty.openpty()
+    columns = 44
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    try:
+        result = kvpool("simulate", "--sessions", "10", stderr=terminal, env=env)
+        os.close(terminal)
+        terminal = -1
+        drawn = drain(controller)
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        os.close(controller)
+    assert result.returncode == 0
+    total = len(SyntheticWorkload(num_sessions=10).requests())
+    lines = drawn.replace(b"\r\n", b"\n").split(b"\n")[0].split(b"\r")[1:]
+    assert lines
+    assert all(len(line) == columns - 1 for line in lines)  # padded to the width, never over
+    assert f"{total}/{total} requests 100%".encode() in lines[-1]
+
+
+def test_a_trace_from_a_terminal_says_it_is_reading_stdin() -> None:
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvpool", "simulate", "--trace", "-"],
+            stdin=terminal,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+        )
+        assert process.stderr is not None
+        assert b"reading the trace from stdin (Ctrl-D ends it)" in process.stderr.readline()
+        os.write(controller, SAMPLE_TRACE.read_bytes().splitlines()[0] + b"\n\x04")
+        stdout, _ = process.communicate(timeout=60)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert process.returncode == 0
+    assert b"trace <stdin> (1 requests)" in stdout

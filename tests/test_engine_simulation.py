@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from kvpool.engine import (
+    Dispatch,
     EngineConfig,
     EngineStats,
     KvUsage,
@@ -198,3 +201,165 @@ def test_a_worker_that_finished_early_is_idle_until_the_end_of_the_run() -> None
     assert in_a_longer_run.kv_usage.mean == pytest.approx(0.05)  # then idle until 11 s
     assert in_a_longer_run.kv_usage.p50 == 0.0
     assert in_a_longer_run.kv_usage.max == 0.5
+
+
+# ------------------------------------------------------------ latency figures, records
+
+
+async def test_latencies_are_vllm_bench_serves_hand_computed() -> None:
+    # 10 ms per step, nothing else: a request computes its prompt in one step, then
+    # one token per step. "a" (3 tokens) arrives at 0, "b" (1 token) mid-way through
+    # a's first step, "c" (4 tokens) after both have finished.
+    timing = TimingModel(step_overhead_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0)
+    config = EngineConfig(num_gpu_blocks=64, timing=timing)
+    requests = [spec("a", 10, 3, 0.0), spec("b", 10, 1, 0.005), spec("c", 10, 4, 1.0)]
+    run = await run_simulation(requests, config)
+    total = run.report.total
+    # a: tokens at 0.01, 0.02, 0.03; b: scheduled at 0.01, token at 0.02;
+    # c: tokens at 1.01, 1.02, 1.03, 1.04
+    assert total.ttft_s.mean == pytest.approx((0.01 + 0.015 + 0.01) / 3)
+    assert total.ttft_s.max == pytest.approx(0.015)
+    assert total.itl_s.mean == pytest.approx(0.01)  # 2 gaps of a, 3 of c, none of b
+    assert total.itl_s.p99 == pytest.approx(0.01)
+    assert total.tpot_s.mean == pytest.approx(0.01)  # a and c; b has one token: no TPOT
+    assert total.latency_s.max == pytest.approx(0.04)
+    assert total.latency_s.p50 == pytest.approx(0.03)
+    assert total.output_tokens_per_s == pytest.approx(8 / 1.04)
+    stats = run.engines[0].stats
+    assert len(stats.itl_s) == 5
+    assert len(stats.tpot_s) == 2
+    records = {r.request_id: r for r in stats.requests}
+    b = records["b"]
+    assert (b.arrival_s, b.first_scheduled_s) == (0.005, pytest.approx(0.01))
+    assert (b.first_token_s, b.finish_s) == (pytest.approx(0.02), pytest.approx(0.02))
+    assert (b.prompt_tokens, b.output_tokens, b.preemptions, b.worker) == (10, 1, 0, 0)
+    assert not b.rejected
+    c = records["c"]
+    assert c.first_scheduled_s == pytest.approx(1.0)
+    assert c.finish_s == pytest.approx(1.04)
+
+
+async def test_tpot_and_itl_weigh_differently_as_vllm_defines_them() -> None:
+    # a request's TPOT is the mean of its gaps; ITL pools every gap of every request:
+    # one slow request of 2 gaps and one fast of 20 give TPOT mean (slow+fast)/2
+    timing = TimingModel(step_overhead_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0)
+    config = EngineConfig(num_gpu_blocks=64, timing=timing)
+    slow_timing = TimingModel(step_overhead_s=0.05, prefill_token_s=0.0, decode_seq_s=0.0)
+    fast = await run_simulation([spec("f", 10, 21, 0.0)], config)
+    slow = await run_simulation(
+        [spec("s", 10, 3, 0.0)], EngineConfig(num_gpu_blocks=64, timing=slow_timing)
+    )
+    stats = EngineStats(
+        tpot_s=[*fast.engines[0].stats.tpot_s, *slow.engines[0].stats.tpot_s],
+        itl_s=fast.engines[0].stats.itl_s + slow.engines[0].stats.itl_s,
+    )
+    report = worker_report(None, [stats], 1.0, [KvUsage(0, 0, 64)])
+    assert report.tpot_s.mean == pytest.approx((0.01 + 0.05) / 2)
+    assert report.itl_s.mean == pytest.approx((20 * 0.01 + 2 * 0.05) / 22)
+
+
+async def test_records_cover_every_request_and_add_up_to_the_report() -> None:
+    requests = SyntheticWorkload(seed=4, num_sessions=12).requests()
+    config = EngineConfig(num_gpu_blocks=120, max_num_batched_tokens=512)
+    run = await run_simulation(requests, config, workers=2)
+    assert run.report.total.preemptions > 0  # re-admissions happen
+    assert run.report.total.requests_rejected > 0
+    seen: list[str] = []
+    for engine, worker in zip(run.engines, run.report.workers, strict=True):
+        records = engine.stats.requests
+        seen += [r.request_id for r in records]
+        assert {r.worker for r in records} <= {engine.rank}
+        # cached tokens are summed over admissions: they add up to the worker's hits
+        assert sum(r.cached_tokens for r in records) == worker.prefix_cache_hits
+        assert sum(r.preemptions for r in records) == worker.preemptions
+        assert sum(r.rejected for r in records) == worker.requests_rejected
+        for r in records:
+            if r.rejected:
+                assert r.first_scheduled_s is r.first_token_s is r.finish_s is None
+                continue
+            assert r.first_scheduled_s is not None
+            assert r.first_token_s is not None
+            assert r.finish_s is not None
+            assert r.arrival_s <= r.first_scheduled_s < r.first_token_s <= r.finish_s
+    assert sorted(seen) == sorted(r.request_id for r in requests)
+
+
+# ------------------------------------------------------------ streaming, the engine heap
+
+
+async def test_requests_may_be_a_one_shot_iterator() -> None:
+    requests = SyntheticWorkload(seed=6, num_sessions=5).requests()
+    seen: list[tuple[int, int, float]] = []
+    listed = engines(2)
+    await Simulation(listed, requests).run()
+    streamed = engines(2)
+    await Simulation(streamed, iter(requests), on_progress=lambda *a: seen.append(a)).run()
+    assert [e.stats.usage for e in streamed] == [e.stats.usage for e in listed]
+    assert [e.clock for e in streamed] == [e.clock for e in listed]
+    assert seen[-1][:2] == (len(requests), 0)  # no length: the total reads 0
+
+
+async def test_an_iterator_out_of_order_is_refused_when_it_comes_up() -> None:
+    requests = iter([spec("a", 5, 1, 2.0), spec("b", 5, 1, 1.0)])
+    with pytest.raises(InvalidArgumentError, match=r"b arrives at 1\.0s, after one at 2\.0s"):
+        await Simulation(engines(1), requests).run()
+
+
+class CountingEngine(MockEngine):
+    """A MockEngine that counts how often the simulation asks for its work and load."""
+
+    reads = 0
+
+    @property
+    def has_work(self) -> bool:
+        CountingEngine.reads += 1
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_outstanding(self) -> int:
+        CountingEngine.reads += 1
+        return len(self.running) + len(self.waiting)
+
+
+@pytest.mark.parametrize("dispatch", ["round-robin", "least-loaded"])
+@pytest.mark.parametrize("workers", [10, 1000])
+async def test_choosing_the_next_engine_does_not_scan_the_workers(
+    workers: int, dispatch: Dispatch
+) -> None:
+    pool = [
+        CountingEngine(LocalKvClient.create(16, 16), EngineConfig(num_gpu_blocks=16), rank=r)
+        for r in range(workers)
+    ]
+    requests = [spec(f"r{i}", 20, 5, 0.01 * i) for i in range(6)]
+    CountingEngine.reads = 0
+    await Simulation(pool, requests, dispatch=dispatch).run()
+    steps = sum(e.stats.steps for e in pool)
+    assert steps == 6 * 5
+    # one read per worker to build each heap, then a bounded number per step and
+    # arrival (engine.step and advance_to ask too) - none that grows with the workers
+    per_step = (CountingEngine.reads - 2 * workers) / steps
+    assert per_step <= 6
+
+
+class LoadCheckingEngine(MockEngine):
+    """A MockEngine that checks, on every submit, that it is the least loaded."""
+
+    cluster: ClassVar[list[LoadCheckingEngine]] = []
+
+    async def submit(self, spec: RequestSpec, arrival_s: float | None = None) -> bool:
+        loads = [(e.num_outstanding, e.rank) for e in LoadCheckingEngine.cluster]
+        assert min(loads) == (self.num_outstanding, self.rank)
+        return await super().submit(spec, arrival_s)
+
+
+async def test_least_loaded_dispatch_picks_the_fewest_outstanding_lowest_rank() -> None:
+    config = EngineConfig(num_gpu_blocks=64, max_num_batched_tokens=256, max_num_seqs=4)
+    LoadCheckingEngine.cluster = [
+        LoadCheckingEngine(LocalKvClient.create(64, 16), config, rank=r) for r in range(5)
+    ]
+    # 1,000 requests, bursts and lulls: loads rise, fall and tie; the heap of loads is
+    # rebuilt several times over
+    requests = SyntheticWorkload(seed=7, num_sessions=300).requests()[:1000]
+    await Simulation(LoadCheckingEngine.cluster, requests, dispatch="least-loaded").run()
+    assert sum(e.stats.submitted for e in LoadCheckingEngine.cluster) == 1000
+    assert all(e.stats.submitted > 0 for e in LoadCheckingEngine.cluster)  # all had a turn

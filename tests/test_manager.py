@@ -487,6 +487,37 @@ def test_take_batch_drains_in_order_and_is_none_when_empty() -> None:
     assert manager.take_batch(3.0) is None
 
 
+@pytest.mark.parametrize(
+    ("ts", "rank"),
+    [
+        (float("nan"), None),
+        (float("inf"), 0),
+        (-float("inf"), 0),
+        ("1.0", 0),
+        (None, 0),
+        (True, 0),
+        (1.0, -1),
+        (1.0, 1.5),
+        (1.0, "0"),
+        (1.0, True),
+    ],
+)
+def test_take_batch_refuses_a_bad_ts_or_rank_and_keeps_every_event(ts: Any, rank: Any) -> None:
+    manager = make(capacity=3)
+    run(manager, "a", list(range(12)))
+    manager.free("a")
+    pending = manager.num_pending_events
+    assert pending > 0
+    with pytest.raises(InvalidArgumentError):
+        manager.take_batch(ts, data_parallel_rank=rank)
+    assert manager.num_pending_events == pending  # refused: nothing taken
+    batch = manager.take_batch(7, data_parallel_rank=0)  # an int ts is a time too
+    assert batch is not None
+    assert len(batch.events) == pending
+    assert batch.ts == 7.0
+    assert type(batch.ts) is float
+
+
 def test_check_invariants_catches_a_stale_watermark() -> None:
     manager = make()
     run(manager, "a", list(range(10)))

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvpool.errors import TraceError
+from kvpool.errors import KvpoolError, PoolError, TraceError
 from kvpool.workloads import (
+    MooncakeTrace,
     RequestSpec,
     Segment,
     SyntheticWorkload,
@@ -154,6 +158,14 @@ def test_the_trace_block_size_sets_how_many_ids_a_prompt_needs() -> None:
         (record(hash_ids=[1, 2, 3]), "hash_ids holds 3 ids"),
         (record(hash_ids=[1, -2]), r"hash_ids must be ints in \[0, 2\*\*64\)"),
         (record(hash_ids=[1, 2**64]), r"hash_ids must be ints in \[0, 2\*\*64\)"),
+        # absurd values: no machine could run them, so they are bad lines, not requests
+        (record(timestamp=1e300), r"timestamp must be <= 1e\+12 ms"),
+        (record(timestamp=10**30), r"timestamp must be <= 1e\+12 ms"),
+        (record().replace('"timestamp": 0', '"timestamp": 1e400'), "Number out of range"),
+        ('{"timestamp": NaN}', "not a JSON object"),
+        (record(timestamp=-1e-9), "timestamp must be >= 0"),
+        (record(input_length=2**30 + 1), r"input_length must be <= 2\*\*30 tokens"),
+        (record(output_length=10**40), r"output_length must be <= 2\*\*30 tokens"),
     ],
 )
 def test_a_bad_line_is_named_with_its_number(line: str, message: str) -> None:
@@ -194,3 +206,83 @@ def test_the_shipped_sample_trace_reads_and_is_reproducible() -> None:
     spec.loader.exec_module(module)
     regenerated = "".join(line + "\n" for line in module.sample_trace_lines())
     assert SAMPLE_TRACE.read_text() == regenerated
+
+
+def test_a_trace_error_is_a_kvpool_error_and_not_a_refused_pool_call() -> None:
+    with pytest.raises(TraceError) as caught:
+        parse_mooncake_lines([record(timestamp=1e300)], source="t.jsonl")
+    assert isinstance(caught.value, KvpoolError)
+    assert not isinstance(caught.value, PoolError)
+    assert str(caught.value).splitlines() == [str(caught.value)]  # one line
+
+
+# ------------------------------------------------------------------ streamed traces
+
+
+def write_trace(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_a_trace_is_validated_up_front_then_streamed(tmp_path: Path) -> None:
+    trace_path = write_trace(tmp_path / "t.jsonl", [record(timestamp=t) for t in (1, 2, 3)])
+    trace = MooncakeTrace(trace_path)
+    assert len(trace) == 3
+    assert trace.in_order
+    # streamed: the file is read as the requests are taken, so a line appended after
+    # validation is met only when iteration reaches it
+    with trace_path.open("a") as file:
+        file.write("{broken\n")
+    requests = iter(trace)
+    assert [next(requests).arrival_s for _ in range(3)] == [0.001, 0.002, 0.003]
+    with pytest.raises(TraceError, match=r"t.jsonl:4: not a JSON object"):
+        next(requests)
+
+
+def test_a_trace_can_be_iterated_again(tmp_path: Path) -> None:
+    with MooncakeTrace(SAMPLE_TRACE) as trace:
+        first = list(trace)
+        assert first == list(trace)
+    assert first == read_mooncake_trace(SAMPLE_TRACE)
+
+
+def test_a_trace_out_of_order_is_held_and_sorted(tmp_path: Path) -> None:
+    lines = [record(timestamp=t) for t in (30, 10, 20, 10)]
+    trace = MooncakeTrace(write_trace(tmp_path / "t.jsonl", lines))
+    assert not trace.in_order
+    assert [r.request_id for r in trace] == ["line-2", "line-4", "line-3", "line-1"]
+
+
+def test_a_bad_line_fails_construction_naming_it(tmp_path: Path) -> None:
+    lines = [record(), record(timestamp=1e300), record()]
+    with pytest.raises(TraceError, match=r"t.jsonl:2: timestamp must be <= 1e\+12 ms"):
+        MooncakeTrace(write_trace(tmp_path / "t.jsonl", lines))
+    with pytest.raises(TraceError, match="no request"):
+        MooncakeTrace(write_trace(tmp_path / "empty.jsonl", ["", " "]))
+    with pytest.raises(TraceError, match="cannot read the trace"):
+        MooncakeTrace(tmp_path / "missing.jsonl")
+
+
+def test_a_gzip_trace_is_read_whatever_its_name(tmp_path: Path) -> None:
+    packed = tmp_path / "trace.data"  # known by its magic bytes, not its name
+    packed.write_bytes(gzip.compress(SAMPLE_TRACE.read_bytes()))
+    assert list(MooncakeTrace(packed)) == read_mooncake_trace(SAMPLE_TRACE)
+    assert read_mooncake_trace(packed) == read_mooncake_trace(SAMPLE_TRACE)
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(SAMPLE_TRACE.read_bytes())[:200])
+    with pytest.raises(TraceError, match=r"broken.jsonl.gz: cannot read the trace"):
+        MooncakeTrace(broken)
+
+
+def test_dash_reads_standard_input_once_and_streams_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stdin = io.TextIOWrapper(io.BytesIO(SAMPLE_TRACE.read_bytes()))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    with MooncakeTrace("-") as trace:
+        assert trace.source == "<stdin>"
+        assert list(trace) == list(trace) == read_mooncake_trace(SAMPLE_TRACE)
+    bad = io.TextIOWrapper(io.BytesIO(b"\n" + record(output_length=0).encode()))
+    monkeypatch.setattr(sys, "stdin", bad)
+    with pytest.raises(TraceError, match="<stdin>:2: output_length must be >= 1"):
+        MooncakeTrace("-")

@@ -18,6 +18,7 @@ from kvpool.engine.report import (
     format_report,
     report_json,
 )
+from kvpool.engine.request import RequestRecord
 from kvpool.engine.runner import (
     KV_BACKENDS,
     SimulationRun,
@@ -43,6 +44,7 @@ __all__ = [
     "ProfileDataError",
     "ProfileTiming",
     "Report",
+    "RequestRecord",
     "Simulation",
     "SimulationRun",
     "StepResult",

@@ -189,14 +189,15 @@ class MockEngine:
         manager raises for a duplicate request id.
         """
         stats = self.stats
+        arrived = self.clock if arrival_s is None else min(arrival_s, self.clock)
         if self.rejection_reason(spec) is not None:
             stats.submitted += 1
             stats.rejected += 1
             self.rejected_ids.append(spec.request_id)
+            stats.requests.append(EngineRequest(spec, arrived).record(self.rank, rejected=True))
             return False
         await self.kv.add_request(spec.request_id, spec.prompt_token_ids())
         stats.submitted += 1
-        arrived = self.clock if arrival_s is None else min(arrival_s, self.clock)
         self.waiting.append(EngineRequest(spec, arrived))
         return True
 
@@ -314,6 +315,9 @@ class MockEngine:
                     f"blocks, allocate reused {allocation.cached_blocks}"
                 )
             waiting.popleft()
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = self.clock  # the step's start
+            request.cached_tokens += cached  # summed over admissions (RequestRecord)
             self._num_active += fresh + inactive_cached
             request.num_blocks = len(allocation.block_ids)
             request.num_computed = cached
@@ -388,9 +392,13 @@ class MockEngine:
             request.num_computed = computed = request.num_computed + num_new
             if computed < request.num_tokens:  # a prefill chunk: nothing to sample yet
                 continue
-            if request.first_token_s is None:
-                request.first_token_s = now
+            first_token_s = request.first_token_s
+            if first_token_s is None:
+                request.first_token_s = first_token_s = now
                 stats.ttft_s.append(now - request.arrival_s)
+            else:
+                stats.itl_s.append(now - request.last_token_s)
+            request.last_token_s = now
             spec = request.spec
             token = spec.output.token(request.num_output)
             request.num_output += 1
@@ -406,6 +414,9 @@ class MockEngine:
             stats.completed += 1
             stats.prompt_tokens += spec.input_length
             stats.latency_s.append(now - request.arrival_s)
+            if spec.output_length > 1:
+                stats.tpot_s.append((now - first_token_s) / (spec.output_length - 1))
+            stats.requests.append(request.record(self.rank))
         if finished:
             self.running = [r for r in self.running if r.finish_s is None]
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from kvpool.engine.request import RequestRecord
 
 
 @dataclass(slots=True)
@@ -17,6 +20,12 @@ class EngineStats:
     vLLM reports no prefix-cache stats then). ``usage`` is sampled once per step, after
     the step, at ``sample_times``; the cache keeps that usage until the next step changes
     it, idle stretches included, so reports weigh each sample by how long it held.
+
+    Latency samples follow ``vllm bench serve``: ``ttft_s`` and ``latency_s`` (end to
+    end) per finished request, ``tpot_s`` per finished request of more than one output
+    token (``(latency - ttft) / (output - 1)``), ``itl_s`` every gap between two
+    consecutive output tokens of a request (a compact ``array('d')``). ``requests``
+    holds a `RequestRecord` per finished or rejected request, in that order.
     """
 
     submitted: int = 0
@@ -39,13 +48,21 @@ class EngineStats:
     hit_samples: list[int] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)
+    itl_s: array[float] = field(default_factory=lambda: array("d"))
+    requests: list[RequestRecord] = field(default_factory=list)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) with linear interpolation; 0.0 for no values."""
-    if not values:
+    """The ``q``-th percentile (0..100) with linear interpolation (numpy's default, which
+    ``vllm bench serve`` uses); 0.0 for no values."""
+    return percentile_of_sorted(sorted(values), q)
+
+
+def percentile_of_sorted(ordered: Sequence[float], q: float) -> float:
+    """`percentile` of values already in ascending order (sort once, ask many times)."""
+    if not ordered:
         return 0.0
-    ordered = sorted(values)
     rank = (len(ordered) - 1) * q / 100.0
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
@@ -59,7 +76,9 @@ def mean(values: Sequence[float]) -> float:
 
 def held_durations(times: Sequence[float], end: float) -> list[float]:
     """How long each sample at ``times`` (ascending) held: until the next one, the last
-    until ``end`` (never negative)."""
+    until ``end`` (never negative); none for no samples (an engine that never stepped)."""
+    if not times:
+        return []
     return [max(0.0, later - now) for now, later in zip(times, [*times[1:], end], strict=True)]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import msgspec
@@ -12,28 +13,31 @@ from kvpool.engine.metrics import (
     EngineStats,
     held_durations,
     mean,
-    percentile,
+    percentile_of_sorted,
     weighted_mean,
     weighted_percentile,
 )
 
 
 class Distribution(msgspec.Struct, frozen=True):
-    """Summary of samples: mean, median, 99th percentile, maximum."""
+    """Summary of samples: mean, median, 90th and 99th percentile, maximum."""
 
     mean: float
     p50: float
+    p90: float
     p99: float
     max: float
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Distribution:
         """Summarise ``values`` (all zeros when there are none)."""
+        ordered = sorted(values)
         return cls(
-            mean=mean(values),
-            p50=percentile(values, 50),
-            p99=percentile(values, 99),
-            max=max(values, default=0.0),
+            mean=mean(ordered),
+            p50=percentile_of_sorted(ordered, 50),
+            p90=percentile_of_sorted(ordered, 90),
+            p99=percentile_of_sorted(ordered, 99),
+            max=ordered[-1] if ordered else 0.0,
         )
 
     @classmethod
@@ -43,6 +47,7 @@ class Distribution(msgspec.Struct, frozen=True):
         return cls(
             mean=weighted_mean(values, durations),
             p50=weighted_percentile(values, durations, 50),
+            p90=weighted_percentile(values, durations, 90),
             p99=weighted_percentile(values, durations, 99),
             max=max(values, default=0.0),
         )
@@ -57,8 +62,12 @@ class WorkerReport(msgspec.Struct, frozen=True):
     ``prefix_cache_hit_rate`` is None when nothing was queried (prefix caching off).
     ``kv_usage`` (active blocks over capacity) is over simulated time: each step's
     post-step sample weighs as long as it held, until the engine's next step or the end
-    of the run (idle stretches count, at the idle cache's usage); ``ttft_s``
-    and ``latency_s`` are simulated seconds from arrival to first and last token.
+    of the run (idle stretches count, at the idle cache's usage). Latencies are in
+    simulated seconds over finished requests, as ``vllm bench serve`` defines them:
+    ``ttft_s`` arrival to first token, ``latency_s`` arrival to last token (end to end),
+    ``tpot_s`` per request of two or more output tokens ``(latency - ttft) / (output -
+    1)``, ``itl_s`` every gap between consecutive output tokens of a request;
+    ``output_tokens_per_s`` is the generated tokens over the run's simulated time.
     ``kv_event_batches`` counts the steps that changed what a router sees (one
     `KVEventBatch` each, sent to the event sink when there is one); ``leaked_blocks`` is
     the pool's active count after the run: 0 unless a block leaked.
@@ -81,7 +90,10 @@ class WorkerReport(msgspec.Struct, frozen=True):
     preemptions: int
     evictions: int
     ttft_s: Distribution
+    tpot_s: Distribution
+    itl_s: Distribution
     latency_s: Distribution
+    output_tokens_per_s: float
     kv_event_batches: int
     num_gpu_blocks: int
     leaked_blocks: int
@@ -120,13 +132,17 @@ def worker_report(
 
     queries = total("prefix_query_tokens")
     hits = total("prefix_hit_tokens")
+    generated = total("generated_tokens")
+    itl = array("d")
+    for s in stats:
+        itl.extend(s.itl_s)
     return WorkerReport(
         worker=worker,
         requests_submitted=total("submitted"),
         requests_completed=total("completed"),
         requests_rejected=total("rejected"),
         prompt_tokens=total("prompt_tokens"),
-        generated_tokens=total("generated_tokens"),
+        generated_tokens=generated,
         prefill_tokens_computed=total("prefill_tokens"),
         steps=total("steps"),
         simulated_s=clock,
@@ -138,7 +154,10 @@ def worker_report(
         preemptions=total("preemptions"),
         evictions=total("evictions"),
         ttft_s=Distribution.of([t for s in stats for t in s.ttft_s]),
+        tpot_s=Distribution.of([t for s in stats for t in s.tpot_s]),
+        itl_s=Distribution.of(itl),
         latency_s=Distribution.of([t for s in stats for t in s.latency_s]),
+        output_tokens_per_s=generated / until if until > 0 else 0.0,
         kv_event_batches=total("event_batches"),
         num_gpu_blocks=sum(u.capacity for u in final),
         leaked_blocks=sum(u.num_active for u in final),
@@ -176,6 +195,21 @@ def report_json(report: Report) -> bytes:
     return msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n"
 
 
+def latency_rows(columns: Sequence[WorkerReport]) -> list[tuple[str, list[str]]]:
+    """Text rows of the ``vllm bench serve`` latencies, in ms: mean, p50, p90, p99 each."""
+    rows: list[tuple[str, list[str]]] = []
+    for label, name in (
+        ("TTFT", "ttft_s"),
+        ("TPOT", "tpot_s"),
+        ("ITL", "itl_s"),
+        ("end-to-end latency", "latency_s"),
+    ):
+        for stat in ("mean", "p50", "p90", "p99"):
+            cells = [f"{1e3 * getattr(getattr(w, name), stat):.2f}" for w in columns]
+            rows.append((f"{label} {stat} (ms)", cells))
+    return rows
+
+
 def format_report(report: Report) -> str:
     """The report as a plain-text table: one column per worker, then the total."""
     columns = [*report.workers, report.total] if len(report.workers) > 1 else [report.total]
@@ -208,8 +242,8 @@ def format_report(report: Report) -> str:
         ("KV usage max", [pct(w.kv_usage.max) for w in columns]),
         ("preemptions", [f"{w.preemptions}" for w in columns]),
         ("evictions (blocks)", [f"{w.evictions}" for w in columns]),
-        ("TTFT p50 / p99", [f"{w.ttft_s.p50:.3f}/{w.ttft_s.p99:.3f}s" for w in columns]),
-        ("latency p50 / p99", [f"{w.latency_s.p50:.3f}/{w.latency_s.p99:.3f}s" for w in columns]),
+        *latency_rows(columns),
+        ("output tokens per second", [f"{w.output_tokens_per_s:.1f}" for w in columns]),
         ("KV event batches", [f"{w.kv_event_batches}" for w in columns]),
         ("leaked blocks", [f"{w.leaked_blocks}" for w in columns]),
     ]

@@ -1,8 +1,36 @@
-"""A request as the engine's scheduler sees it: token counts, block count, timestamps."""
+"""A request as the engine's scheduler sees it: token counts, block count, timestamps;
+and the `RequestRecord` it leaves behind once it has finished or been rejected."""
 
 from __future__ import annotations
 
+import msgspec
+
 from kvpool.workloads import RequestSpec
+
+
+class RequestRecord(msgspec.Struct, frozen=True, gc=False):
+    """One request's life, as ``--requests-jsonl`` writes it (times in simulated seconds).
+
+    ``first_scheduled_s`` is the start of the first step that scheduled it,
+    ``first_token_s`` and ``finish_s`` the ends of the steps that sampled its first and
+    last token; all three are None for a rejected request. ``prompt_tokens`` and
+    ``output_tokens`` are its lengths as the workload gives them. ``cached_tokens`` sums
+    the cached prefix each admission reused, re-admissions after preemption included, so
+    a worker's records add up to its ``prefix_cache_hits`` (vLLM's ``num_cached_tokens``
+    counts the first admission only; the two agree for a request never preempted).
+    """
+
+    request_id: str
+    worker: int
+    arrival_s: float
+    first_scheduled_s: float | None
+    first_token_s: float | None
+    finish_s: float | None
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    preemptions: int
+    rejected: bool
 
 
 class EngineRequest:
@@ -14,12 +42,17 @@ class EngineRequest:
     ``num_blocks`` to 0 and keeps the tokens. ``pending`` holds the newest generated
     tokens until the manager needs them (before an allocation, a watermark move or a
     preemption): a partial block has no hash, so the manager loses nothing by waiting.
+    ``first_scheduled_s``, ``cached_tokens`` (summed over admissions) and
+    ``last_token_s`` (for the inter-token gaps) feed its `RequestRecord`.
     """
 
     __slots__ = (
         "arrival_s",
+        "cached_tokens",
         "finish_s",
+        "first_scheduled_s",
         "first_token_s",
+        "last_token_s",
         "num_blocks",
         "num_computed",
         "num_output",
@@ -40,8 +73,28 @@ class EngineRequest:
         self.num_output = 0
         self.num_preemptions = 0
         self.pending: list[int] = []  # generated tokens the KV manager has not been told yet
+        self.first_scheduled_s: float | None = None
         self.first_token_s: float | None = None
+        self.last_token_s = 0.0
         self.finish_s: float | None = None
+        self.cached_tokens = 0
+
+    def record(self, worker: int, *, rejected: bool = False) -> RequestRecord:
+        """The request's `RequestRecord` as of now."""
+        spec = self.spec
+        return RequestRecord(
+            request_id=self.request_id,
+            worker=worker,
+            arrival_s=self.arrival_s,
+            first_scheduled_s=self.first_scheduled_s,
+            first_token_s=self.first_token_s,
+            finish_s=self.finish_s,
+            prompt_tokens=spec.input_length,
+            output_tokens=spec.output_length,
+            cached_tokens=self.cached_tokens,
+            preemptions=self.num_preemptions,
+            rejected=rejected,
+        )
 
     def __repr__(self) -> str:
         return (

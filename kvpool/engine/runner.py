@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
@@ -56,7 +56,7 @@ class SimulationRun:
 
 
 async def run_simulation(
-    requests: Sequence[RequestSpec],
+    requests: Iterable[RequestSpec],
     config: EngineConfig,
     *,
     workers: int = 1,

@@ -10,12 +10,18 @@ with 0 (the default) it never sleeps.
 Dispatch: ``least-loaded`` (default) gives a request to the engine with the fewest
 outstanding (waiting + running) requests, lowest rank on ties; ``round-robin`` cycles
 through the ranks. Both are deterministic.
+
+The busy engines wait in a heap keyed by (clock, rank), so choosing the next to step
+costs O(log busy) whatever the number of workers, and least-loaded dispatch reads a heap
+of loads the same way; requests are pulled from their iterable one at a time, so a
+streamed trace is never held whole.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from itertools import pairwise
 from typing import Literal
 
@@ -27,16 +33,22 @@ from kvpool.workloads import RequestSpec
 
 Dispatch = Literal["least-loaded", "round-robin"]
 ProgressCallback = Callable[[int, int, float], None]
-"""Called as ``(requests finished or rejected, requests in the workload, simulated s)``."""
+"""Called as ``(requests finished or rejected, requests in the workload, simulated s)``;
+the workload's count is 0 when ``requests`` has no length (a plain iterator)."""
 
 
 class Simulation:
-    """Runs ``requests`` (ordered by arrival) through ``engines`` until all are done."""
+    """Runs ``requests`` (ordered by arrival) through ``engines`` until all are done.
+
+    ``requests`` is any iterable, read once, in order; a sequence out of arrival order is
+    refused here, an iterator when the request out of order comes up (`run` raises
+    `InvalidArgumentError` then, with the earlier requests already simulated).
+    """
 
     def __init__(
         self,
         engines: Sequence[MockEngine],
-        requests: Sequence[RequestSpec],
+        requests: Iterable[RequestSpec],
         *,
         dispatch: Dispatch = "least-loaded",
         speedup_ratio: float = 0.0,
@@ -48,7 +60,9 @@ class Simulation:
             raise InvalidArgumentError(f"unknown dispatch policy {dispatch!r}")
         if not speedup_ratio >= 0:
             raise InvalidArgumentError(f"speedup_ratio must be >= 0, got {speedup_ratio!r}")
-        if any(b.arrival_s < a.arrival_s for a, b in pairwise(requests)):
+        if isinstance(requests, Sequence) and any(
+            b.arrival_s < a.arrival_s for a, b in pairwise(requests)
+        ):
             raise InvalidArgumentError("requests must be ordered by arrival time")
         self.engines = list(engines)
         self.requests = requests
@@ -66,47 +80,109 @@ class Simulation:
         """
         engines = self.engines
         requests = self.requests
-        total = len(requests)
+        total = len(requests) if isinstance(requests, Sized) else 0
         report = self.on_progress
         speedup = self.speedup_ratio
+        settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
+        # (clock, rank, index) of each busy engine, earliest first. A busy engine's clock
+        # moves only when it steps (advance_to leaves it alone), and it is off the heap
+        # while it steps, so every key on the heap is its engine's current clock.
+        busy = [(e.clock, e.rank, i) for i, e in enumerate(engines) if e.has_work]
+        heapq.heapify(busy)
+        queued = [False] * len(engines)  # on the heap (busy)
+        for _, _, index in busy:
+            queued[index] = True
+        loads = _LoadHeap(engines) if self.dispatch == "least-loaded" else None
+        arrivals = iter(requests)
+        spec = next(arrivals, None)
+        last_arrival = 0.0 if spec is None else spec.arrival_s
         start = time.perf_counter()
-        index = 0
         while True:
-            busy = [engine for engine in engines if engine.has_work]
-            earliest = min(busy, key=_clock_then_rank) if busy else None
-            if index < total and (earliest is None or requests[index].arrival_s <= earliest.clock):
-                spec = requests[index]
-                index += 1
+            if spec is not None and (not busy or spec.arrival_s <= busy[0][0]):
+                if spec.arrival_s < last_arrival:
+                    raise InvalidArgumentError(
+                        f"requests must be ordered by arrival time: {spec.request_id} "
+                        f"arrives at {spec.arrival_s}s, after one at {last_arrival}s"
+                    )
+                last_arrival = spec.arrival_s
                 if speedup > 0:
                     await _sleep_until(start + spec.arrival_s / speedup)
-                engine = self._choose()
+                index = self._round_robin() if loads is None else loads.lightest()
+                engine = engines[index]
                 engine.advance_to(spec.arrival_s)
-                if not await engine.submit(spec, spec.arrival_s) and report is not None:
-                    report(self._settled(), total, spec.arrival_s)
+                if not await engine.submit(spec, spec.arrival_s):
+                    settled += 1
+                    if report is not None:
+                        report(settled, total, spec.arrival_s)
+                    spec = next(arrivals, None)
+                    continue
+                if loads is not None:
+                    loads.changed(index)
+                if not queued[index]:
+                    heapq.heappush(busy, (engine.clock, engine.rank, index))
+                    queued[index] = True
+                spec = next(arrivals, None)
                 continue
-            if earliest is None:
+            if not busy:
                 break
-            await earliest.step()
+            _, _, index = heapq.heappop(busy)
+            engine = engines[index]
+            completed = engine.stats.completed
+            await engine.step()
+            if engine.stats.completed != completed:
+                settled += engine.stats.completed - completed
+                if loads is not None:
+                    loads.changed(index)
+            if engine.has_work:
+                heapq.heappush(busy, (engine.clock, engine.rank, index))
+            else:
+                queued[index] = False
             if speedup > 0:
-                await _sleep_until(start + earliest.clock / speedup)
+                await _sleep_until(start + engine.clock / speedup)
             if report is not None:
-                report(self._settled(), total, earliest.clock)
+                report(settled, total, engine.clock)
         self.wall_s = time.perf_counter() - start
         return self.wall_s
 
-    def _choose(self) -> MockEngine:
-        if self.dispatch == "round-robin":
-            engine = self.engines[self._next_rank]
-            self._next_rank = (self._next_rank + 1) % len(self.engines)
-            return engine
-        return min(self.engines, key=lambda engine: engine.num_outstanding)
-
-    def _settled(self) -> int:
-        return sum(engine.stats.completed + engine.stats.rejected for engine in self.engines)
+    def _round_robin(self) -> int:
+        index = self._next_rank
+        self._next_rank = (index + 1) % len(self.engines)
+        return index
 
 
-def _clock_then_rank(engine: MockEngine) -> tuple[float, int]:
-    return engine.clock, engine.rank
+class _LoadHeap:
+    """The engines by (outstanding requests, index): least-loaded dispatch in O(log n).
+
+    Lazy: a changed load pushes a fresh entry and the stale ones are dropped when they
+    surface, so every engine always has an entry holding its current load (`changed`
+    must be called after every change: an accepted submit, a step that finished one).
+    Rebuilt when stale entries outnumber the engines, so it stays O(engines) in size.
+    """
+
+    def __init__(self, engines: Sequence[MockEngine]) -> None:
+        self._engines = engines
+        self._heap: list[tuple[int, int]] = []
+        self._rebuild()
+
+    def lightest(self) -> int:
+        """The index of the engine with the fewest outstanding requests (lowest on ties)."""
+        heap = self._heap
+        engines = self._engines
+        while True:
+            load, index = heap[0]
+            if engines[index].num_outstanding == load:
+                return index
+            heapq.heappop(heap)
+
+    def changed(self, index: int) -> None:
+        """Engine ``index``'s load changed."""
+        heapq.heappush(self._heap, (self._engines[index].num_outstanding, index))
+        if len(self._heap) > 2 * len(self._engines) + 64:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._heap = [(engine.num_outstanding, i) for i, engine in enumerate(self._engines)]
+        heapq.heapify(self._heap)
 
 
 async def _sleep_until(deadline: float) -> None:

@@ -22,7 +22,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
+import anyio.lowlevel
+
 from kvpool.actors import Actor, open_actor
+from kvpool.errors import InvalidArgumentError
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.handlers import ManagerHandlers
 from kvpool.manager.kv_manager import KvManager
@@ -51,6 +54,7 @@ from kvpool.manager.types import (
     StepOutcome,
     StepUpdate,
 )
+from kvpool.manager.validation import check_count, check_timestamp
 from kvpool.pool import BlockPool
 
 _TAKE_EVENTS = TakeEvents()
@@ -152,16 +156,20 @@ class ManagerClient:
         self, ts: float | None = None, data_parallel_rank: int | None = None
     ) -> KVEventBatch | None:
         """Drain the queued events into one `KVEventBatch` (``ts`` defaults to now);
-        None if there were none.
-        """
+        None if there were none. Raises `InvalidArgumentError` for a ``ts`` that is not
+        a finite float or a rank that is not None or an int >= 0, before any event is
+        taken (as `KvManager.take_batch`)."""
+        try:
+            stamp = time.time() if ts is None else check_timestamp(ts)
+            if data_parallel_rank is not None:
+                check_count(data_parallel_rank, "data_parallel_rank")
+        except InvalidArgumentError:
+            await anyio.lowlevel.checkpoint()  # a refused call yields too
+            raise
         events = await self.take_events()
         if not events:
             return None
-        return KVEventBatch(
-            ts=time.time() if ts is None else ts,
-            events=events,
-            data_parallel_rank=data_parallel_rank,
-        )
+        return KVEventBatch(ts=stamp, events=events, data_parallel_rank=data_parallel_rank)
 
     async def stats(self) -> ManagerStats:
         """Return the manager's counters."""

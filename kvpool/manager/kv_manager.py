@@ -51,7 +51,12 @@ from kvpool.manager.types import (
     StepOutcome,
     StepUpdate,
 )
-from kvpool.manager.validation import check_count, check_request_id, check_tokens
+from kvpool.manager.validation import (
+    check_count,
+    check_request_id,
+    check_timestamp,
+    check_tokens,
+)
 from kvpool.pool import BlockId, BlockPool
 
 
@@ -430,10 +435,20 @@ class KvManager:
             self._events[:0] = events
 
     def take_batch(self, ts: float, data_parallel_rank: int | None = None) -> KVEventBatch | None:
-        """Drain the queued events into one `KVEventBatch`, or None if there are none."""
+        """Drain the queued events into one `KVEventBatch`, or None if there are none.
+
+        ``ts`` must be a finite float (an int is taken) and ``data_parallel_rank`` None or
+        an int >= 0; both are checked before the events are taken, so a refused call
+        (`InvalidArgumentError`) loses no event.
+        """
+        stamp = check_timestamp(ts)
+        if data_parallel_rank is not None:
+            check_count(data_parallel_rank, "data_parallel_rank")
         if not self._events:
             return None
-        return KVEventBatch(ts=ts, events=self.take_events(), data_parallel_rank=data_parallel_rank)
+        return KVEventBatch(
+            ts=stamp, events=self.take_events(), data_parallel_rank=data_parallel_rank
+        )
 
     # ------------------------------------------------------------------ steps
 

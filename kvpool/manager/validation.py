@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Sequence
 from typing import NoReturn
@@ -35,10 +36,27 @@ def check_count(value: object, name: str) -> int:
     return value
 
 
+def check_timestamp(value: object) -> float:
+    """Return ``value`` as a float if it is a finite ``float`` or ``int`` (not a bool);
+    raise `InvalidArgumentError` otherwise. A batch stamped NaN or inf breaks consumers
+    that order batches by time."""
+    if type(value) is not float and type(value) is not int:
+        raise InvalidArgumentError(f"ts must be a finite float, got {value!r}")
+    if not math.isfinite(value):
+        raise InvalidArgumentError(f"ts must be a finite float, got {value!r}")
+    return float(value)
+
+
 def _bad_tokens(token_ids: object) -> NoReturn:
     raise InvalidArgumentError(
         f"token ids must be a sequence of ints in [0, 2**32), got {token_ids!r:.200}"
     )
 
 
-__all__ = ["TOKEN_TYPECODE", "check_count", "check_request_id", "check_tokens"]
+__all__ = [
+    "TOKEN_TYPECODE",
+    "check_count",
+    "check_request_id",
+    "check_timestamp",
+    "check_tokens",
+]

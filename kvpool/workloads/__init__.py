@@ -1,8 +1,12 @@
 """Workloads for the mock engine: the embedded synthetic default and Mooncake traces."""
 
 from kvpool.workloads.mooncake import (
+    MAX_TIMESTAMP_MS,
+    MAX_TRACE_TOKENS,
     MOONCAKE_BLOCK_SIZE,
     MooncakeRecord,
+    MooncakeTrace,
+    iter_mooncake_lines,
     parse_mooncake_lines,
     read_mooncake_trace,
 )
@@ -10,12 +14,16 @@ from kvpool.workloads.spec import RequestSpec, Segment, mix_seed
 from kvpool.workloads.synthetic import SyntheticWorkload, default_workload
 
 __all__ = [
+    "MAX_TIMESTAMP_MS",
+    "MAX_TRACE_TOKENS",
     "MOONCAKE_BLOCK_SIZE",
     "MooncakeRecord",
+    "MooncakeTrace",
     "RequestSpec",
     "Segment",
     "SyntheticWorkload",
     "default_workload",
+    "iter_mooncake_lines",
     "mix_seed",
     "parse_mooncake_lines",
     "read_mooncake_trace",

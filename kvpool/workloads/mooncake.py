@@ -9,21 +9,38 @@ whatever the engine's block size.
 
 The whole file is validated before any request is returned; the first bad line raises a
 `TraceError` naming it. Requests are ordered by timestamp (stable for equal stamps).
+Absurd values are bad lines too: a timestamp beyond `MAX_TIMESTAMP_MS` or a length
+beyond `MAX_TRACE_TOKENS` (a request merely larger than an engine's pool is not: the
+engine rejects it and the report counts it).
+
+`MooncakeTrace` streams: it validates the file in one pass (keeping nothing but a count)
+and reads it again, line by line, each time it is iterated.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import IO
 
 import msgspec
 
 from kvpool.errors import TraceError
 from kvpool.workloads.spec import RequestSpec, Segment, mix_seed
+from kvpool.workloads.trace_source import STDIN, open_lines, source_name, spool_stdin
 
 MOONCAKE_BLOCK_SIZE = 512
 """Tokens per hash id in the published Mooncake traces."""
+
+MAX_TIMESTAMP_MS = 1e12
+"""Latest timestamp a trace may hold: about 31.7 years. Beyond it the simulated clock (a
+float of seconds) could no longer resolve a microsecond step."""
+
+MAX_TRACE_TOKENS = 1 << 30
+"""Longest prompt or output a trace may ask for (about a billion tokens, a thousand times
+today's longest context windows): more is a corrupt line, not a request."""
 
 _MAX_ID = (1 << 64) - 1
 _PROMPT_DOMAIN = 1  # keeps prompt seeds apart from output seeds
@@ -50,33 +67,122 @@ def read_mooncake_trace(
     Also raises `TraceError` (with no line) when the file cannot be read or holds no
     request.
     """
-    source = str(path)
-    try:
-        with open(path, "rb") as file:
-            lines = file.read().splitlines()
-    except OSError as exc:
-        raise TraceError(f"cannot read the trace: {exc.strerror or exc}", source=source) from exc
-    return parse_mooncake_lines(lines, source=source, trace_block_size=trace_block_size)
+    with open_lines(path) as lines:
+        return parse_mooncake_lines(
+            lines, source=source_name(path), trace_block_size=trace_block_size
+        )
 
 
 def parse_mooncake_lines(
     lines: Iterable[bytes | str], *, source: str = "<trace>", trace_block_size: int = 512
 ) -> list[RequestSpec]:
     """Validate Mooncake lines (blank lines are skipped) and return their requests."""
-    if type(trace_block_size) is not int or trace_block_size < 1:
-        raise TraceError(
-            f"trace block size must be an int >= 1, got {trace_block_size!r}", source=source
-        )
-    requests: list[RequestSpec] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        record = _decode(line, source, number)
-        requests.append(_to_request(record, source, number, trace_block_size))
+    requests = list(iter_mooncake_lines(lines, source=source, trace_block_size=trace_block_size))
     if not requests:
         raise TraceError("the trace holds no request", source=source)
     requests.sort(key=lambda request: request.arrival_s)
     return requests
+
+
+def iter_mooncake_lines(
+    lines: Iterable[bytes | str], *, source: str = "<trace>", trace_block_size: int = 512
+) -> Iterator[RequestSpec]:
+    """Validate and yield the requests of Mooncake lines one by one, in file order
+    (blank lines are skipped); `TraceError` at the first bad line."""
+    if type(trace_block_size) is not int or trace_block_size < 1:
+        raise TraceError(
+            f"trace block size must be an int >= 1, got {trace_block_size!r}", source=source
+        )
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        record = _decode(line, source, number)
+        yield _to_request(record, source, number, trace_block_size)
+
+
+class MooncakeTrace:
+    """A Mooncake trace file, validated up front and streamed each time it is iterated.
+
+    Construction reads the whole trace once (``path`` ``-``: standard input, spooled to a
+    temporary file) and raises `TraceError` at the first bad line, so a run that starts
+    never meets one; it keeps the request count (``len``) and whether the timestamps are
+    in order. Iteration reads the file again, yielding requests in timestamp order: as
+    they come when the file is in order (the common case: nothing is held), else the
+    trace is held and stably sorted, as `read_mooncake_trace` does. Close it (or use it
+    as a context manager) to drop the stdin spool.
+    """
+
+    def __init__(self, path: str | Path, *, trace_block_size: int = MOONCAKE_BLOCK_SIZE) -> None:
+        self.path = path
+        self.source = source_name(path)
+        self.trace_block_size = trace_block_size
+        self._spool: IO[bytes] | None = None
+        if str(path) == STDIN:
+            try:
+                self._spool = spool_stdin()
+            except OSError as exc:
+                raise TraceError(
+                    f"cannot read the trace: {exc.strerror or exc}", source=self.source
+                ) from exc
+        try:
+            self._count, self._in_order = self._scan()
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        if not self._in_order:
+            with self._lines() as lines:
+                held = parse_mooncake_lines(
+                    lines, source=self.source, trace_block_size=self.trace_block_size
+                )
+            yield from held
+            return
+        with self._lines() as lines:
+            yield from iter_mooncake_lines(
+                lines, source=self.source, trace_block_size=self.trace_block_size
+            )
+
+    def __enter__(self) -> MooncakeTrace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def in_order(self) -> bool:
+        """True when the file's timestamps never go backwards (then nothing is held)."""
+        return self._in_order
+
+    def close(self) -> None:
+        """Drop the standard-input spool, if any."""
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+
+    def _lines(self) -> AbstractContextManager[Iterator[bytes]]:
+        if self._spool is not None:
+            self._spool.seek(0)
+            return open_lines(self._spool)
+        return open_lines(self.path)
+
+    def _scan(self) -> tuple[int, bool]:
+        count = 0
+        in_order = True
+        last = 0.0
+        with self._lines() as lines:
+            for request in iter_mooncake_lines(
+                lines, source=self.source, trace_block_size=self.trace_block_size
+            ):
+                count += 1
+                in_order = in_order and request.arrival_s >= last
+                last = request.arrival_s
+        if not count:
+            raise TraceError("the trace holds no request", source=self.source)
+        return count, in_order
 
 
 def _decode(line: bytes | str, source: str, number: int) -> MooncakeRecord:
@@ -96,10 +202,16 @@ def _to_request(record: MooncakeRecord, source: str, number: int, block_size: in
         raise fail(f"timestamp must be a finite number of ms, got {record.timestamp!r}")
     if record.timestamp < 0:
         raise fail(f"timestamp must be >= 0 ms, got {record.timestamp}")
-    if record.input_length < 1:
-        raise fail(f"input_length must be >= 1, got {record.input_length}")
-    if record.output_length < 1:
-        raise fail(f"output_length must be >= 1, got {record.output_length}")
+    if record.timestamp > MAX_TIMESTAMP_MS:
+        raise fail(
+            f"timestamp must be <= {MAX_TIMESTAMP_MS:.0e} ms (31 years), got {record.timestamp}"
+        )
+    for name in ("input_length", "output_length"):
+        length = getattr(record, name)
+        if length < 1:
+            raise fail(f"{name} must be >= 1, got {length}")
+        if length > MAX_TRACE_TOKENS:
+            raise fail(f"{name} must be <= 2**30 tokens, got {length}")
     expected = -(-record.input_length // block_size)
     if len(record.hash_ids) != expected:
         raise fail(
