@@ -29,6 +29,7 @@ from kvpool import (
     BlockId,
     BlockNotReferencedError,
     BlockPool,
+    BlockSharedError,
     CapacityError,
     ForeignReservationError,
     InvalidArgumentError,
@@ -203,6 +204,30 @@ class Model:
         copy.refs -= 1
         if copy.refs == 0 and copy.pins == 0:
             self.lru.append(copy_id)
+
+    def unallocate(self, copy_id: int | None, reservation: ModelReservation | object) -> None:
+        """kvpool's exact undo of an allocation (no reference counterpart): the copy
+        must hold exactly one reference and no pin; it leaves the pool and its hash
+        list, and its unit goes back to ``reservation`` (None: to free capacity)."""
+        if copy_id not in self.copies:
+            raise UnknownBlockError(copy_id)
+        if reservation is not None:
+            if not isinstance(reservation, ModelReservation):
+                raise ForeignReservationError(reservation)
+            if reservation.closed:
+                raise ReservationClosedError(reservation)
+        copy = self.copies[copy_id]
+        if (copy.refs, copy.pins) != (1, 0):
+            raise BlockSharedError(copy_id)
+        if copy.hash is not None:
+            ids = self.by_hash[copy.hash]
+            ids.remove(copy_id)
+            if not ids:
+                del self.by_hash[copy.hash]
+        del self.copies[copy_id]
+        if reservation is not None:
+            reservation.fresh += 1
+            self.reserved += 1
 
     def cancel(self, reservation: ModelReservation | object) -> None:
         res = self._usable(reservation)
@@ -465,6 +490,19 @@ class PoolMachine(RuleBasedStateMachine):
         self._compare(real, model, "cancel")
         COVERAGE["cancel_relinks"] += self.model.num_inactive() > inactive_before
 
+    def _unallocate(
+        self, real_id: Any, model_id: int | None, real_res: Any, model_res: Any
+    ) -> None:
+        copy = self.model.copies.get(model_id) if model_id is not None else None
+        siblings = len(self.model.by_hash.get(copy.hash, ())) if copy and copy.hash else 0
+        real = _run(self.pool.unallocate, real_id, real_res)
+        model = _run(self.model.unallocate, model_id, model_res)
+        self._compare(real, model, f"unallocate({real_id!r})")
+        if real.error is None:
+            COVERAGE["unallocated"] += 1
+            COVERAGE["unallocated_duplicate"] += siblings > 1
+            COVERAGE["unallocated_into_reservation"] += real_res is not None
+
     def _any_hash(self, data: st.DataObject) -> Any:
         """Mostly a hash from the small alphabet; one time in ten a malformed one."""
         if data.draw(st.integers(0, 9)):
@@ -520,6 +558,19 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         self._cancel(*self._pick_reservation(data))
+
+    @rule(data=st.data())
+    def unallocate(self, data: st.DataObject) -> None:
+        """Undo an allocation: mostly a copy holding exactly one reference, its unit
+        back to a reservation or (None) to free capacity; sometimes any id."""
+        real_id, model_id = self._pick_block(data, lambda c: (c.refs, c.pins) == (1, 0))
+        if data.draw(st.integers(0, 3)) == 0:
+            real_res, model_res = None, None
+        else:
+            real_res, model_res = self._pick_reservation(data)
+            if real_res is None:
+                model_res = None  # None names no reservation on both sides
+        self._unallocate(real_id, model_id, real_res, model_res)
 
     @rule(data=st.data())
     def request(self, data: st.DataObject) -> None:
@@ -692,6 +743,9 @@ def test_pool_matches_the_model() -> None:
         "admit_active_hits",
         "admit_evicted",
         "admit_none",
+        "unallocated",
+        "unallocated_duplicate",
+        "unallocated_into_reservation",
         "error:CapacityError",
         "error:PrefixNotResidentError",
         "error:ReservationClosedError",
@@ -699,6 +753,7 @@ def test_pool_matches_the_model() -> None:
         "error:ForeignReservationError",
         "error:UnknownBlockError",
         "error:BlockNotReferencedError",
+        "error:BlockSharedError",
         "error:AlreadyCachedError",
         "error:InvalidHashError",
         "error:InvalidArgumentError",
