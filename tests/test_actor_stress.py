@@ -1,7 +1,7 @@
-"""Stress: thousands of tasks run admit / partial use / cache / free lifecycles through
-one actor, with random deadlines and a cancellation landing at a random await. Whatever
-got interrupted, nothing may leak: afterwards no block is held, the pool's invariants
-hold, and every task finished."""
+"""Stress: thousands of tasks run admit / lease / reservation lifecycles (partial use,
+cache, free) through one actor, with random deadlines and a cancellation landing at a
+random await. Whatever got interrupted, nothing may leak: afterwards no block is held,
+the pool's invariants hold, and every task finished."""
 
 from __future__ import annotations
 
@@ -52,8 +52,11 @@ class Lifecycle:
         try:
             with self.scope, anyio.move_on_after(deadline) as deadline_scope:
                 for _ in range(self.rng.randint(1, 3)):
-                    if self.rng.random() < 0.7:
+                    roll = self.rng.random()
+                    if roll < 0.5:
                         await self.admit_path()
+                    elif roll < 0.75:
+                        await self.lease_path()
                     else:
                         await self.reservation_path()
         finally:
@@ -79,6 +82,20 @@ class Lifecycle:
         await self.step(anyio.sleep(0))
         released, self.owned = self.owned, []
         await self.step(self.pool.free(released))
+
+    async def lease_path(self) -> None:
+        """A lease frees whatever it still holds on any exit, cancelled or not."""
+        chain = self.chain()
+        wait = self.rng.random() < 0.5
+        async with self.pool.lease(chain, self.rng.randint(0, 2), wait=wait) as lease:
+            if lease is None:
+                return
+            cached = lease.admission.cached
+            pairs = list(zip(lease.blocks[cached : len(chain)], chain[cached:], strict=False))
+            await self.step(self.pool.cache_many(pairs[: self.rng.randint(0, len(pairs))]))
+            if self.rng.random() < 0.5:
+                await self.step(lease.free(self.rng.randint(0, len(lease.blocks))))
+            await self.step(anyio.sleep(self.rng.choice([0, 1e-4])))
 
     async def reservation_path(self) -> None:
         resident = []
