@@ -601,3 +601,35 @@ async def test_open_pool_raises_the_crash_itself_not_a_group() -> None:
     assert bomb_errors[0].__cause__ is crashed.value.__cause__
     with pytest.raises(PoolCrashedError):
         await clients[0].admit([], 1)
+
+
+@ASYNCIO_ONLY
+@pytest.mark.anyio
+async def test_an_undone_allocate_cached_found_meanwhile_in_a_full_pool_keeps_the_unit() -> None:
+    # As above, but the pool has no free or evictable block left when the undo runs:
+    # the reservation must still hold every unit its client mirror shows.
+    states: list[PoolState] = []
+    async with open_pool(3, extensions=[_capture(states)]) as pool:
+        (state,) = states
+        outcome = await pool.reserve([], 2)
+        assert outcome is not None
+        reservation = outcome.reservation
+        filler = await pool.admit([], 1)  # the third and last block
+        assert filler is not None
+        refs = state.pool.num_active_refs()
+        task = asyncio.ensure_future(pool.allocate_cached(reservation, 77))
+        finder = asyncio.ensure_future(pool.admit([77]))  # a full hit: needs no block
+        while state.pool.num_active_refs() < refs + 2:
+            await asyncio.sleep(0)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        other = await finder
+        assert other is not None
+        assert reservation.fresh == 2  # the caller never saw the allocation
+        spent = [await pool.allocate_private(reservation) for _ in range(reservation.fresh)]
+        await pool.free(spent)
+        await pool.cancel(reservation)
+        await pool.free([*other.blocks, *filler.blocks])
+        await pool.check_invariants()
