@@ -444,28 +444,24 @@ async def test_a_caller_yields_on_every_call_whatever_others_did_before() -> Non
         for _ in range(20):
             assert await _is_checkpoint(lambda: pool.prefix_hit(1))
 
-        # Two tasks calling in a loop take turns: neither runs ahead by a run of calls
-        # (the old per-actor budget let each make 32 in a row), and the order of their
-        # completions switches between them most of the time (trio shuffles each batch
-        # of ready tasks, so the bounds leave room for that).
-        progress = {"a": 0, "b": 0}
-        widest = 0
+        # Two tasks calling in a loop take turns: neither completes a run of calls while
+        # the other waits (the old per-actor budget let each make 32 in a row). Trio
+        # shuffles each batch of ready tasks, so one may complete two calls to the
+        # other's one now and then (over 400 calls the lead drifts), but never three in
+        # a row; only the last run, once the other task has finished, is longer.
         order: list[str] = []
 
-        async def caller(name: str, other: str) -> None:
-            nonlocal widest
+        async def caller(name: str) -> None:
             for _ in range(200):
                 await pool.prefix_hit(1)
-                progress[name] += 1
                 order.append(name)
-                widest = max(widest, progress[name] - progress[other])
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(caller, "a", "b")
-            tg.start_soon(caller, "b", "a")
-        switches = sum(1 for x, y in itertools.pairwise(order) if x != y)
-        assert widest <= 8, widest
-        assert switches >= 100, switches
+            tg.start_soon(caller, "a")
+            tg.start_soon(caller, "b")
+        runs = [len(list(run)) for _, run in itertools.groupby(order)]
+        assert max(runs[:-1]) <= 3, runs
+        assert len(runs) >= 100, runs
 
 
 async def _many_queries(pool: PoolClient, count: int) -> None:
