@@ -115,6 +115,7 @@ class Actor:
         "_status",
         "_task_id",
         "_waiters",
+        "_yield_once",
     )
 
     def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]], slots: SlotKind) -> None:
@@ -125,6 +126,7 @@ class Actor:
         self._post = send.send_nowait
         self._open_slot = slots.open
         self._abandon = slots.abandon
+        self._yield_once = slots.yield_once
         self._waiters: deque[tuple[Any, Handler[Any, Any], ReplySlot]] = deque()
         self._dirty = False  # something was given back that may let the head waiter in
         self._status = _OPEN
@@ -224,8 +226,9 @@ class Actor:
         self._task_id = anyio.get_current_task().id
         receive = self._receive
         receive_nowait = receive.receive_nowait
+        yield_once = self._yield_once
         waiters = self._waiters
-        settled = False
+        settled = yielded = False
         while True:
             try:
                 message, handler, slot = receive_nowait()
@@ -239,10 +242,17 @@ class Actor:
                     # Every caller answered so far is ready to run: let them, so that one
                     # cancelled with its reply unread posts the undo (asyncio; on trio a
                     # delivered reply is always read). Then nothing more can arrive.
-                    await anyio.lowlevel.checkpoint()
+                    await yield_once()
                     settled = True
                     continue
+                if not yielded:
+                    # The callers just answered usually call again at once: one yield
+                    # lets them post, and the next batch needs no wake-up.
+                    await yield_once()
+                    yielded = True
+                    continue
                 message, handler, slot = await receive.receive()
+            yielded = False
             if slot is None or waiters or slot.cancelled():
                 self._handle_with_care(message, handler, slot)
                 if self._status is _CRASHED:

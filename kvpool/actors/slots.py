@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, Protocol
@@ -57,11 +57,15 @@ class SlotKind:
     the cancellation); it raises `WrongLoopError` when the caller is not on the actor's
     loop. Both checks run on every call, so they are one plain function. ``abandon``
     is called by a caller whose wait raised: it marks a pending slot abandoned and
-    returns `NO_REPLY`, or returns the reply that arrived unread.
+    returns `NO_REPLY`, or returns the reply that arrived unread. ``yield_once`` lets
+    the actor give every ready caller a turn before it looks at its mailbox again.
     """
 
     open: Callable[[bool], ReplySlot | None]
     abandon: Callable[[ReplySlot], Any]
+    yield_once: Callable[[], Awaitable[Any]]
+    """A schedule point for the (shielded) actor task: the loop's own, without anyio's
+    backend lookup, which costs more than a whole round trip's other work."""
 
 
 def _wrong_loop(where: str) -> WrongLoopError:
@@ -143,7 +147,7 @@ def asyncio_slots() -> SlotKind:
         slot: ReplySlot = new_future()
         return slot
 
-    return SlotKind(open_slot, _abandon_future)
+    return SlotKind(open_slot, _abandon_future, partial(asyncio.sleep, 0))
 
 
 # ----------------------------------------------------------------------------- trio
@@ -209,4 +213,4 @@ def trio_slots() -> SlotKind:
             return None
         return _TrioSlot(current_task())
 
-    return SlotKind(open_slot, _abandon_trio)
+    return SlotKind(open_slot, _abandon_trio, trio.lowlevel.cancel_shielded_checkpoint)
