@@ -347,6 +347,8 @@ class MockEngine:
         """Advance the clock by the step's cost, then apply its results."""
         kv = self.kv
         stats = self.stats
+        bs = self.config.block_size
+        caching = self.config.enable_prefix_caching
         prefill_tokens = decode_seqs = 0
         prefill_requests = prompt_start = prompt_end = emitting = context_tokens = 0
         for request, num_new in scheduled.items():
@@ -406,6 +408,13 @@ class MockEngine:
             if request.num_output < spec.output_length:
                 request.num_tokens += 1
                 request.pending.append(token)  # the manager gets it when a call needs it
+                # Next step decodes this token: if that grows the table or fills a block
+                # (an allocation), hand the tokens over in this step's batch now, so
+                # that allocation needs no call of its own to send them.
+                n = request.num_tokens
+                if -(-n // bs) > request.num_blocks or (caching and n % bs == 0):
+                    updates.append(StepUpdate(request.request_id, request.pending, -1, False))
+                    request.pending = []
                 continue
             # finished: the last token is never computed, so it never reaches the manager
             updates.append(StepUpdate(request.request_id, [], -1, True))
