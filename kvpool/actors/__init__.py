@@ -21,8 +21,11 @@ reply; the actor drains the mailbox in batches (`kvpool.actors.actor`). Example:
   or the actor skips the request (still queued) or undoes it in a later turn (the reply
   arrived but was never read). Every undo is exact: a reservation is cancelled, blocks
   are released leaf first, an activated prefix is pinned again, and an allocated copy
-  leaves the pool with its unit back in its reservation; only a copy another request
-  found meanwhile stays (idle), its unit then taken from free or evictable capacity.
+  leaves the pool with its unit back in its reservation. Only a copy another request
+  found meanwhile stays (idle once they release it); its unit then comes back from
+  free or evictable capacity, and if the pool has none left, the reservation stays one
+  unit short of what its client saw (its next allocation past that raises
+  ReservationExhaustedError): keeping the other request's block wins.
   Evictions a call made stay made: those hashes really are gone.
 - Calls that give ownership back (release, cancel, free) are posted first and always
   take effect, even in a cancelled scope, so cleanup in a ``finally`` of a cancelled
