@@ -1,7 +1,7 @@
 """Pool actor cost: a trivial call's round trip against a minimal actor, and a workload.
 
 Run:  python benchmarks/bench_actor.py            (about 40 s)
-      python benchmarks/bench_actor.py --quick    (about 8 s, smaller counts)
+      python benchmarks/bench_actor.py --quick    (a few seconds: a smoke run)
 
 1. Round trip: N concurrent client tasks each await ``prefix_hit`` (a trivial call) in
    a loop, for N in 1, 10, 100, 1000, on asyncio, asyncio+uvloop and trio. The figure
@@ -205,7 +205,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts, fewer repeats")
     args = parser.parse_args()
-    calls, repeats, cycles = (20_000, 2, 400) if args.quick else (60_000, 5, 2_000)
+    calls, repeats, cycles = (4_000, 1, 200) if args.quick else (60_000, 5, 2_000)
     client_counts = (1, 10, 100, 1000)
 
     print("1. Round trip of a trivial call (prefix_hit), CPU us per call, best of", repeats)
