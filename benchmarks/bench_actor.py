@@ -16,7 +16,9 @@ Run:  python benchmarks/bench_actor.py            (about 40 s)
    prefix) + ``cache_many`` of the fresh blocks + ``free``, through the actor from 1
    and 16 concurrent clients, against the same three calls made straight on a bare
    `BlockPool` in the same process. Ratio = bare time / actor time (median of per-turn
-   pairs); issue 9's target: at least 0.7 from 16 clients on uvloop.
+   pairs); issue 9's target: at least 0.7 from 16 clients on uvloop. Beside them, the
+   minimal actor of section 1 making the same three calls from 16 clients: the floor
+   of what a round trip per call costs on this loop.
 """
 
 from __future__ import annotations
@@ -190,6 +192,70 @@ async def actor_cycles(chains: list[list[int]], clients: int) -> float:
         return time.process_time() - started
 
 
+async def minimal_cycles(chains: list[list[int]], clients: int) -> float:
+    """CPU seconds for the same workload through the minimal actor of section 1 (an
+    anyio stream, send_nowait, batches, loop futures or parked trio tasks) calling the
+    bare pool's methods: the floor of any actor's price for the same calls."""
+    pool = BlockPool(CAPACITY)
+    send, receive = anyio.create_memory_object_stream[tuple[Any, Any, Any]](math.inf)
+    post = send.send_nowait
+    if sniffio.current_async_library() == "trio":
+        import outcome
+        import trio
+
+        lowlevel = trio.lowlevel
+
+        def abort(_: Any) -> Any:
+            return lowlevel.Abort.SUCCEEDED
+
+        def reply(slot: Any, value: Any) -> None:
+            lowlevel.reschedule(slot, outcome.Value(value))
+
+        async def call(method: Any, argument: Any) -> Any:
+            post((method, argument, lowlevel.current_task()))
+            return await lowlevel.wait_task_rescheduled(abort)
+
+    else:
+        new_future = asyncio.get_running_loop().create_future
+
+        def reply(slot: Any, value: Any) -> None:
+            slot.set_result(value)
+
+        async def call(method: Any, argument: Any) -> Any:
+            future = new_future()
+            post((method, argument, future))
+            return await future
+
+    async def actor() -> None:
+        while True:
+            item = await receive.receive()
+            while True:
+                method, argument, slot = item
+                reply(slot, method(argument))
+                try:
+                    item = receive.receive_nowait()
+                except anyio.WouldBlock:
+                    break
+
+    async def client(mine: list[list[int]]) -> None:
+        for chain in mine:
+            admission = await call(pool.admit, chain)
+            cached = admission.cached
+            fresh = admission.blocks[cached:]
+            await call(pool.cache_many, list(zip(fresh, chain[cached:], strict=True)))
+            await call(pool.release_many, admission.blocks[::-1])
+
+    async with anyio.create_task_group() as server:
+        server.start_soon(actor)
+        started = time.process_time()
+        async with anyio.create_task_group() as tg:
+            for index in range(clients):
+                tg.start_soon(client, chains[index::clients])
+        elapsed = time.process_time() - started
+        server.cancel_scope.cancel()
+    return elapsed
+
+
 def in_turns(variants: dict[Any, Callable[[], float]], repeats: int) -> dict[Any, list[float]]:
     """Every time of each variant, one run of each per turn, each after a full
     collection: a noisy neighbour slows every variant of a turn alike."""
@@ -244,15 +310,16 @@ def main() -> None:
             variants[clients] = lambda c=clients, b=backend, o=options: anyio.run(
                 actor_cycles, chains, c, backend=b, backend_options=o
             )
+        variants["minimal"] = lambda b=backend, o=options: anyio.run(
+            minimal_cycles, chains, 16, backend=b, backend_options=o
+        )
         times = in_turns(variants, repeats)
         bare_us = min(times["bare"]) / cycles * 1e6
-        line = f"  {name:<8} bare pool {bare_us:6.1f} us/cycle"
-        for clients in (1, 16):
-            ratio = statistics.median(
-                b / a for b, a in zip(times["bare"], times[clients], strict=True)
-            )
-            actor_us = min(times[clients]) / cycles * 1e6
-            line += f" | {clients:>2} clients {actor_us:6.1f} us/cycle, {ratio:.2f}x bare"
+        line = f"  {name:<8} bare pool {bare_us:5.1f} us/cycle"
+        for key in (1, 16, "minimal"):
+            ratio = statistics.median(b / a for b, a in zip(times["bare"], times[key], strict=True))
+            label = f"{key:>2} clients" if key != "minimal" else "minimal actor, 16"
+            line += f" | {label} {min(times[key]) / cycles * 1e6:5.1f} us, {ratio:.2f}x bare"
         print(line + ("  (target >= 0.7x at 16)" if name == "uvloop" else ""))
     print("\nReproduce: python benchmarks/bench_actor.py  (figures vary 10-20% run to run)")
 
