@@ -8,9 +8,10 @@ Run:  python benchmarks/bench_actor.py            (about 40 s)
    is CPU microseconds per call (CPU, not wall, because the machine is shared; the loop
    never idles, so the two agree on a quiet machine), best of the repeats, counted once
    every client task is running. Beside it, in the same run, a *minimal hand-written
-   actor*: an anyio memory object stream posted with ``send_nowait``, drained in
-   batches, replying through a loop future (on trio, rescheduling the parked task),
-   with no cancellation handling, no dispatch, no undo. Issue 9's target: kvpool's
+   actor* (`minimal_actor`): one ``call`` coroutine posting to an anyio memory object
+   stream with ``send_nowait``, drained in batches, replying through a loop future (on
+   trio, rescheduling the parked task), with no cancellation handling, no dispatch, no
+   undo. Issue 9's target: kvpool's
    round trip at 100 clients on uvloop within 1.5x of the minimal actor's.
 2. Workload: cycles of ``admit`` (a 32-block chain, half of them sharing a system
    prefix) + ``cache_many`` of the fresh blocks + ``free``, through the actor from 1
@@ -30,7 +31,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -93,11 +94,17 @@ async def kvpool_round_trips(clients: int, total_calls: int) -> float:
     return elapsed / (per_client * clients) * 1e6
 
 
-async def minimal_round_trips(clients: int, total_calls: int) -> float:
-    """Microseconds per call through the minimal hand-written actor (module docstring)."""
-    per_client = max(total_calls // clients, 1)
-    send, receive = anyio.create_memory_object_stream[tuple[int, Any]](math.inf)
-    resident: dict[int, bool] = {}
+def minimal_actor(
+    handle: Callable[[Any], Any],
+) -> tuple[Callable[[], Coroutine[Any, Any, None]], Callable[[Any], Awaitable[Any]]]:
+    """The minimal hand-written actor on the running loop: its task's body and its call.
+
+    ``call(payload)`` posts ``(payload, slot)`` with ``send_nowait`` to an unbounded
+    anyio memory object stream and awaits the slot (a loop future; on trio, the parked
+    task); the actor drains the stream in batches and replies ``handle(payload)``. No
+    cancellation handling, no dispatch, no undo: the floor of a round trip per call.
+    """
+    send, receive = anyio.create_memory_object_stream[tuple[Any, Any]](math.inf)
     post = send.send_nowait
     if sniffio.current_async_library() == "trio":
         import outcome
@@ -111,12 +118,9 @@ async def minimal_round_trips(clients: int, total_calls: int) -> float:
         def reply(slot: Any, value: Any) -> None:
             lowlevel.reschedule(slot, outcome.Value(value))
 
-        async def client() -> None:
-            current = lowlevel.current_task
-            wait = lowlevel.wait_task_rescheduled
-            for _ in range(per_client):
-                post((7, current()))
-                await wait(abort)
+        async def call(payload: Any) -> Any:
+            post((payload, lowlevel.current_task()))
+            return await lowlevel.wait_task_rescheduled(abort)
 
     else:
         new_future = asyncio.get_running_loop().create_future
@@ -124,22 +128,34 @@ async def minimal_round_trips(clients: int, total_calls: int) -> float:
         def reply(slot: Any, value: Any) -> None:
             slot.set_result(value)
 
-        async def client() -> None:
-            for _ in range(per_client):
-                future = new_future()
-                post((7, future))
-                await future
+        async def call(payload: Any) -> Any:
+            future = new_future()
+            post((payload, future))
+            return await future
 
     async def actor() -> None:
         while True:
             item = await receive.receive()
             while True:
-                key, slot = item
-                reply(slot, resident.get(key))
+                payload, slot = item
+                reply(slot, handle(payload))
                 try:
                     item = receive.receive_nowait()
                 except anyio.WouldBlock:
                     break
+
+    return actor, call
+
+
+async def minimal_round_trips(clients: int, total_calls: int) -> float:
+    """Microseconds per call through `minimal_actor` (a dict lookup as the handler)."""
+    per_client = max(total_calls // clients, 1)
+    resident: dict[int, bool] = {}
+    actor, call = minimal_actor(resident.get)
+
+    async def client() -> None:
+        for _ in range(per_client):
+            await call(7)
 
     async with anyio.create_task_group() as server:
         server.start_soon(actor)
@@ -192,58 +208,24 @@ async def actor_cycles(chains: list[list[int]], clients: int) -> float:
         return time.process_time() - started
 
 
+def _apply(work: tuple[Callable[[Any], Any], Any]) -> Any:
+    method, argument = work
+    return method(argument)
+
+
 async def minimal_cycles(chains: list[list[int]], clients: int) -> float:
-    """CPU seconds for the same workload through the minimal actor of section 1 (an
-    anyio stream, send_nowait, batches, loop futures or parked trio tasks) calling the
-    bare pool's methods: the floor of any actor's price for the same calls."""
+    """CPU seconds for the same workload through `minimal_actor` calling the bare
+    pool's methods: the floor of any actor's price for the same calls."""
     pool = BlockPool(CAPACITY)
-    send, receive = anyio.create_memory_object_stream[tuple[Any, Any, Any]](math.inf)
-    post = send.send_nowait
-    if sniffio.current_async_library() == "trio":
-        import outcome
-        import trio
-
-        lowlevel = trio.lowlevel
-
-        def abort(_: Any) -> Any:
-            return lowlevel.Abort.SUCCEEDED
-
-        def reply(slot: Any, value: Any) -> None:
-            lowlevel.reschedule(slot, outcome.Value(value))
-
-        async def call(method: Any, argument: Any) -> Any:
-            post((method, argument, lowlevel.current_task()))
-            return await lowlevel.wait_task_rescheduled(abort)
-
-    else:
-        new_future = asyncio.get_running_loop().create_future
-
-        def reply(slot: Any, value: Any) -> None:
-            slot.set_result(value)
-
-        async def call(method: Any, argument: Any) -> Any:
-            future = new_future()
-            post((method, argument, future))
-            return await future
-
-    async def actor() -> None:
-        while True:
-            item = await receive.receive()
-            while True:
-                method, argument, slot = item
-                reply(slot, method(argument))
-                try:
-                    item = receive.receive_nowait()
-                except anyio.WouldBlock:
-                    break
+    actor, call = minimal_actor(_apply)
 
     async def client(mine: list[list[int]]) -> None:
         for chain in mine:
-            admission = await call(pool.admit, chain)
+            admission = await call((pool.admit, chain))
             cached = admission.cached
             fresh = admission.blocks[cached:]
-            await call(pool.cache_many, list(zip(fresh, chain[cached:], strict=True)))
-            await call(pool.release_many, admission.blocks[::-1])
+            await call((pool.cache_many, list(zip(fresh, chain[cached:], strict=True))))
+            await call((pool.release_many, admission.blocks[::-1]))
 
     async with anyio.create_task_group() as server:
         server.start_soon(actor)
