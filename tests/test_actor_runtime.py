@@ -605,9 +605,10 @@ async def test_open_pool_raises_the_crash_itself_not_a_group() -> None:
 
 @ASYNCIO_ONLY
 @pytest.mark.anyio
-async def test_an_undone_allocate_cached_found_meanwhile_in_a_full_pool_keeps_the_unit() -> None:
+async def test_an_undone_allocate_cached_found_meanwhile_in_a_full_pool_is_a_unit_short() -> None:
     # As above, but the pool has no free or evictable block left when the undo runs:
-    # the reservation must still hold every unit its client mirror shows.
+    # the unit cannot come back without taking the finder's block, so (as the contract
+    # in kvpool.actors says) the reservation stays one unit short of its client's view.
     states: list[PoolState] = []
     async with open_pool(3, extensions=[_capture(states)]) as pool:
         (state,) = states
@@ -628,8 +629,13 @@ async def test_an_undone_allocate_cached_found_meanwhile_in_a_full_pool_keeps_th
         other = await finder
         assert other is not None
         assert reservation.fresh == 2  # the caller never saw the allocation
-        spent = [await pool.allocate_private(reservation) for _ in range(reservation.fresh)]
-        await pool.free(spent)
+        assert await pool.prefix_hit(77) is not None  # the finder keeps its block
+        assert await _counts(pool) == (3, 0, 2)  # filler, the found copy, one unit
+        spent = await pool.allocate_private(reservation)
+        with pytest.raises(ReservationExhaustedError):
+            await pool.allocate_private(reservation)
+        await pool.free([spent])
         await pool.cancel(reservation)
         await pool.free([*other.blocks, *filler.blocks])
+        assert await _counts(pool) == (0, 1, 0)  # the found copy stays cached, idle
         await pool.check_invariants()
