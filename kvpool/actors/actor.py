@@ -167,23 +167,31 @@ class Actor:
         actor is gone, `InvalidArgumentError` for a kind without a handler, and
         `WrongLoopError` off the actor's loop. Cancellation: `kvpool.actors`.
         """
-        handler = self._handlers.get(type(message))
+        handler = self._handlers.get(type(message))  # the table is empty once it is gone
+        if handler is None:
+            return await self._refuse(message)
         # A call that hands something out takes no effect in a cancelled scope.
-        slot = self._open_slot(handler is not None and not handler.gives_back)
+        slot = self._open_slot(not handler.gives_back)
         if slot is None:
             await anyio.lowlevel.checkpoint()  # raises the scope's cancellation
+            if not self._handlers:
+                return await self._refuse(message)
             slot = self._open_slot(False)
-        if handler is None or self._status is not _OPEN or slot is None:
-            await anyio.lowlevel.checkpoint()  # a refused call yields too
-            if self._status is not _OPEN:
-                raise self.gone_error()
-            raise InvalidArgumentError(f"no handler for message {message!r}")
+            assert slot is not None
         self._post((message, handler, slot))
         try:
             return await slot
         except BaseException:
             self._left(message, handler, slot)
             raise
+
+    async def _refuse(self, message: Any) -> Any:
+        """A call the actor will not take: gone, or a kind without a handler."""
+        self._open_slot(False)  # WrongLoopError before anything else
+        await anyio.lowlevel.checkpoint()  # a refused call yields too
+        if self._status is not _OPEN:
+            raise self.gone_error()
+        raise InvalidArgumentError(f"no handler for message {message!r}")
 
     def _left(self, message: Any, handler: Handler[Any, Any], slot: ReplySlot) -> None:
         """The caller stopped waiting: give back a reply it will never read, or let the
@@ -209,6 +217,7 @@ class Actor:
         back (`run`)."""
         if self._status is _OPEN:
             self._status = Status.CLOSING
+            self._handlers = {}
             self._post((None, Handler(self._finish, gives_back=True), None))
 
     def gone_error(self) -> PoolError | PoolCrashedError:
@@ -353,6 +362,7 @@ class Actor:
         """A handler raised a bug: fail the current call, every queued call and every
         waiter with `PoolCrashedError`, and tell the host."""
         self._status = Status.CRASHED
+        self._handlers = {}
         self._cause = cause
         slots: list[ReplySlot] = [] if slot is None else [slot]
         slots.extend(waiting for _m, _h, waiting in self._waiters)
