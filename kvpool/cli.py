@@ -19,6 +19,7 @@ from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
 from kvpool.engine.timing import DynamoTiming, ProfileTiming, StepTiming
 from kvpool.errors import PoolError, TraceError
+from kvpool.events.codec import EVENT_FORMATS
 from kvpool.workloads import (
     MOONCAKE_BLOCK_SIZE,
     RequestSpec,
@@ -87,50 +88,10 @@ def _non_negative_float(text: str) -> float:
 _non_negative_float.__name__ = "number"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``kvpool`` argument parser with its ``simulate`` subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="kvpool", description="kvpool: a model of vLLM's GPU KV-cache block pool."
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sim = commands.add_parser(
-        "simulate",
-        help="run a workload on mock engines and report KV-cache behaviour",
-        description=_DESCRIPTION,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-    work = sim.add_argument_group("workload")
-    work.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="Mooncake trace (JSON lines: timestamp ms, input_length, output_length, "
-        "hash_ids) to replay instead of the embedded default workload",
-    )
-    work.add_argument(
-        "--trace-block-size",
-        type=_int_at_least(1),
-        default=MOONCAKE_BLOCK_SIZE,
-        metavar="N",
-        help="tokens per hash id in the trace (default: %(default)s, Mooncake's)",
-    )
-    work.add_argument(
-        "--seed",
-        type=_int_at_least(0),
-        default=0,
-        metavar="N",
-        help="seed of the embedded default workload (default: %(default)s)",
-    )
-    work.add_argument(
-        "--sessions",
-        type=_int_at_least(1),
-        default=SyntheticWorkload().num_sessions,
-        metavar="N",
-        help="chat sessions in the embedded default workload (default: %(default)s)",
-    )
-
-    engine = sim.add_argument_group("engine (per worker)")
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """The engine flags ``kvpool simulate`` and ``kvpool serve`` share (one definition,
+    so the two commands take the same engine); `engine_config` reads them back."""
+    engine = parser.add_argument_group("engine (per worker)")
     engine.add_argument(
         "--num-gpu-blocks",
         type=_int_at_least(1),
@@ -215,6 +176,102 @@ def build_parser() -> argparse.ArgumentParser:
         "decode_context_length, decode_itl) instead of the polynomial (needs numpy)",
     )
 
+
+def add_event_flags(group: argparse._ArgumentGroup) -> None:
+    """The KV-event flags ``kvpool simulate`` and ``kvpool serve`` share."""
+    group.add_argument(
+        "--zmq-kv-event-port",
+        type=_int_at_least(1, _MAX_PORT),
+        metavar="PORT",
+        help="publish each worker's KV events vLLM-style on a ZMQ PUB socket at "
+        "PORT + rank (needs pyzmq); the run starts 0.5 s after binding, so subscribers "
+        "started before kvpool see every batch from sequence 0",
+    )
+    group.add_argument(
+        "--zmq-kv-event-host",
+        default="*",
+        metavar="HOST",
+        help="interface the ZMQ publishers bind: an address (IPv4 or IPv6) or a name "
+        "(default: all, '*')",
+    )
+    group.add_argument(
+        "--zmq-replay-port",
+        type=_int_at_least(1, _MAX_PORT),
+        metavar="PORT",
+        help="with --zmq-kv-event-port: answer vLLM's replay requests (a DEALER sends an "
+        "8-byte big-endian start sequence) on a ZMQ ROUTER at PORT + rank, from the last "
+        "--zmq-buffer-steps batches",
+    )
+    group.add_argument(
+        "--zmq-buffer-steps",
+        type=_int_at_least(1),
+        default=10_000,
+        metavar="N",
+        help="batches kept for replay (default: %(default)s, vLLM's)",
+    )
+    group.add_argument(
+        "--zmq-kv-event-topic",
+        default="",
+        metavar="TOPIC",
+        help="topic frame of every event message (default: empty, vLLM's); 'llm-d' means "
+        "llm-d's kv@<host>:<port>@<model> (serve only: the HTTP host, port and served "
+        "model name)",
+    )
+    group.add_argument(
+        "--kv-event-format",
+        choices=EVENT_FORMATS,
+        default="map",
+        help="map: vLLM 0.33.0's events (msgpack maps tagged 'type'); array: the "
+        "positional events vLLM sent before its pull request 42892, for routers that "
+        "decode only those (default: %(default)s)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvpool`` argument parser with its ``simulate`` subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="kvpool", description="kvpool: a model of vLLM's GPU KV-cache block pool."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sim = commands.add_parser(
+        "simulate",
+        help="run a workload on mock engines and report KV-cache behaviour",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+    work = sim.add_argument_group("workload")
+    work.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="Mooncake trace (JSON lines: timestamp ms, input_length, output_length, "
+        "hash_ids) to replay instead of the embedded default workload",
+    )
+    work.add_argument(
+        "--trace-block-size",
+        type=_int_at_least(1),
+        default=MOONCAKE_BLOCK_SIZE,
+        metavar="N",
+        help="tokens per hash id in the trace (default: %(default)s, Mooncake's)",
+    )
+    work.add_argument(
+        "--seed",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="seed of the embedded default workload (default: %(default)s)",
+    )
+    work.add_argument(
+        "--sessions",
+        type=_int_at_least(1),
+        default=SyntheticWorkload().num_sessions,
+        metavar="N",
+        help="chat sessions in the embedded default workload (default: %(default)s)",
+    )
+
+    add_engine_flags(sim)
+
     cluster = sim.add_argument_group("run")
     cluster.add_argument(
         "--workers",
@@ -240,21 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="R",
         help="simulated seconds per wall second; 0 = as fast as possible (default: 0)",
     )
-    cluster.add_argument(
-        "--zmq-kv-event-port",
-        type=_int_at_least(1, _MAX_PORT),
-        metavar="PORT",
-        help="publish each worker's KV events vLLM-style on a ZMQ PUB socket at "
-        "PORT + rank (needs pyzmq); the run starts 0.5 s after binding, so subscribers "
-        "started before kvpool see every batch from sequence 0",
-    )
-    cluster.add_argument(
-        "--zmq-kv-event-host",
-        default="*",
-        metavar="HOST",
-        help="interface the ZMQ publishers bind: an address (IPv4 or IPv6) or a name "
-        "(default: all, '*')",
-    )
+    add_event_flags(cluster)
     cluster.add_argument(
         "--kv-backend",
         choices=("actor", "local"),
@@ -322,15 +365,17 @@ def _timing(args: argparse.Namespace) -> StepTiming:
     return ProfileTiming.from_npz(args.planner_profile_data)
 
 
-def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EngineConfig:
+    """The `EngineConfig` the `add_engine_flags` flags describe.
+
+    Exits through ``parser.error`` for flags that contradict each other; raises
+    `PoolError` or ``ImportError`` for a planner profile that cannot be loaded.
+    """
     if args.planner_profile_data is not None and args.timing_model != "dynamo":
         parser.error("--planner-profile-data needs --timing-model dynamo")
+    timing = _timing(args)
     try:
-        timing = _timing(args)
-    except (PoolError, ImportError) as exc:
-        return _fail(str(exc))
-    try:
-        config = EngineConfig(
+        return EngineConfig(
             num_gpu_blocks=args.num_gpu_blocks,
             block_size=args.block_size,
             max_num_seqs=args.max_num_seqs,
@@ -342,16 +387,35 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except PoolError as exc:
         parser.error(str(exc))
+
+
+def check_event_flags(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, ranks: int
+) -> None:
+    """Exit through ``parser.error`` if the event flags cannot serve ``ranks`` ranks."""
+    for flag in ("zmq_kv_event_port", "zmq_replay_port"):
+        port = getattr(args, flag)
+        if port is not None and port + ranks - 1 > _MAX_PORT:
+            parser.error(
+                f"--{flag.replace('_', '-')}: rank {ranks - 1} would use port "
+                f"{port + ranks - 1}, above {_MAX_PORT}"
+            )
+    if args.zmq_replay_port is not None and args.zmq_kv_event_port is None:
+        parser.error("--zmq-replay-port needs --zmq-kv-event-port")
+
+
+def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        config = engine_config(args, parser)
+    except (PoolError, ImportError) as exc:
+        return _fail(str(exc))
     if args.trace and (args.seed != 0 or args.sessions != SyntheticWorkload().num_sessions):
         parser.error("--seed and --sessions shape the embedded workload; --trace replaces it")
     if not args.trace and args.trace_block_size != MOONCAKE_BLOCK_SIZE:
         parser.error("--trace-block-size applies to a --trace only")
-    port = args.zmq_kv_event_port
-    if port is not None and port + args.workers - 1 > _MAX_PORT:
-        parser.error(
-            f"--zmq-kv-event-port: worker {args.workers - 1} would publish on port "
-            f"{port + args.workers - 1}, above {_MAX_PORT}"
-        )
+    check_event_flags(args, parser, args.workers)
+    if args.zmq_kv_event_topic == "llm-d":
+        parser.error("--zmq-kv-event-topic llm-d names an HTTP endpoint: kvpool serve only")
     # Everything that can fail on input fails here, before the run starts.
     try:
         requests, workload = _load_workload(args)
@@ -419,16 +483,39 @@ def _load_workload(args: argparse.Namespace) -> tuple[list[RequestSpec], str]:
 
 
 def _open_sinks(args: argparse.Namespace) -> list[ZmqEventPublisher] | None:
+    return open_publishers(args, args.workers, args.zmq_kv_event_topic)
+
+
+def open_publishers(
+    args: argparse.Namespace, ranks: int, topic: str
+) -> list[ZmqEventPublisher] | None:
+    """One `ZmqEventPublisher` per rank as the `add_event_flags` flags say (rank r at
+    port + r, its replay ROUTER at replay port + r), or None without
+    ``--zmq-kv-event-port``. Raises ``ImportError`` without pyzmq, ``zmq.ZMQError`` if a
+    port cannot be bound (nothing is left open then)."""
     if args.zmq_kv_event_port is None:
         return None
     from kvpool.events import ZmqEventPublisher
 
     endpoint = zmq_endpoint(args.zmq_kv_event_host, args.zmq_kv_event_port)
+    replay = (
+        None
+        if args.zmq_replay_port is None
+        else zmq_endpoint(args.zmq_kv_event_host, args.zmq_replay_port)
+    )
     sinks: list[ZmqEventPublisher] = []
     try:
         # rank r publishes on PORT + r, as vLLM does; one by one, to close them on failure
-        for rank in range(args.workers):
-            publisher = ZmqEventPublisher(data_parallel_rank=rank, endpoint=endpoint, bind=True)
+        for rank in range(ranks):
+            publisher = ZmqEventPublisher(
+                data_parallel_rank=rank,
+                endpoint=endpoint,
+                replay_endpoint=replay,
+                buffer_steps=args.zmq_buffer_steps,
+                topic=topic,
+                bind=True,
+                event_format=args.kv_event_format,
+            )
             sinks.append(publisher)
     except BaseException:
         for sink in sinks:
