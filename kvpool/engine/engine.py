@@ -204,6 +204,26 @@ class MockEngine:
         self.waiting.append(EngineRequest(spec, arrived))
         return True
 
+    async def abort(self, request_id: str) -> bool:
+        """Drop a waiting or running request between steps and free its blocks leaf first.
+
+        Its blocks go back as a completion's do (cached ones to the LRU, leaf before
+        parent; nothing is evicted, so no event), its counters are dropped from the
+        running and waiting counts and ``stats.aborted`` grows. Returns False, changing
+        nothing, if the request is neither waiting nor running (finished, rejected or
+        unknown). Raises what the KV client raises. Call it only between steps.
+        """
+        for queue in (self.running, self.waiting):
+            for index, request in enumerate(queue):
+                if request.request_id == request_id:
+                    del queue[index]
+                    await self.kv.free(request_id)
+                    self.stats.aborted += 1
+                    if self._num_active >= 0:  # keep the admission check's count exact
+                        self._num_active = (await self.kv.usage()).num_active
+                    return True
+        return False
+
     # ------------------------------------------------------------------ steps
 
     async def step(self) -> StepResult:
