@@ -331,7 +331,70 @@ def build_parser() -> argparse.ArgumentParser:
         help="no progress bar (there is none anyway unless stderr is a terminal)",
     )
     sim.set_defaults(handler=_simulate)
+    _add_serve(commands)
     return parser
+
+
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve the OpenAI API, vLLM's /metrics and KV events over a mock engine",
+        description="A drop-in vLLM stand-in: the OpenAI-compatible HTTP API, /metrics "
+        "with vLLM's names and vLLM's KV events over ZMQ, answered by the mock engine "
+        "over the exact KV-cache model (needs the serve extra: pip install "
+        "'kvpool[serve]'). SIGTERM or SIGINT: stop accepting, finish the requests in "
+        "flight, exit 0.",
+    )
+    http = serve.add_argument_group("server")
+    http.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    http.add_argument(
+        "--port", type=_int_at_least(0, _MAX_PORT), default=8000, help="(default: %(default)s)"
+    )
+    http.add_argument(
+        "--served-model-name",
+        default="kvpool-mock",
+        metavar="NAME",
+        help="the model name clients must send (default: %(default)s)",
+    )
+    http.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="a local Hugging Face tokenizer.json (default: a built-in deterministic "
+        "word tokenizer; nothing is ever downloaded)",
+    )
+    http.add_argument(
+        "--log-level",
+        choices=("critical", "error", "warning", "info", "debug"),
+        default="info",
+        help="uvicorn's log level (default: %(default)s)",
+    )
+    add_engine_flags(serve)
+    run = serve.add_argument_group("run")
+    run.add_argument(
+        "--data-parallel-size",
+        type=_int_at_least(1),
+        default=1,
+        metavar="N",
+        help="engines (ranks), each with its own pool actor and event stream at port + "
+        "rank; requests go to the rank with the fewest outstanding (default: 1)",
+    )
+    run.add_argument(
+        "--speedup-ratio",
+        type=_non_negative_float,
+        default=1.0,
+        metavar="R",
+        help="simulated seconds per wall second; 0 = as fast as possible (default: 1)",
+    )
+    add_event_flags(run)
+    serve.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        from kvpool.serve.command import run_serve
+    except ImportError as exc:
+        return _fail(f"kvpool serve needs its extra: pip install 'kvpool[serve]' ({exc})")
+    return run_serve(args, parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
