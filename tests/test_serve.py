@@ -155,7 +155,8 @@ async def test_openai_sdk_streams_concurrently_with_usage() -> None:
         assert len(results[100 + n][0].split()) == 4
     # the same conversation gives the same text, streamed or not
     assert plain.choices[0].message.content == results[0][0]
-    assert plain.usage is not None and plain.usage.prompt_tokens_details is not None
+    assert plain.usage is not None
+    assert plain.usage.prompt_tokens_details is not None
     # both data-parallel ranks served some of the 16 concurrent requests
     assert all(driver.engine is not None for driver in state.drivers)
     assert all(d.engine.stats.completed > 0 for d in state.drivers if d.engine)
@@ -246,7 +247,8 @@ async def test_metrics_use_vllms_names_and_agree_with_the_requests() -> None:
         "vllm:generation_tokens_total",
         "vllm:cache_config_info",
     ):
-        assert (name, "0") in before and (name, "1") in before, name
+        assert (name, "0") in before, name
+        assert (name, "1") in before, name
     for histogram in (
         "vllm:time_to_first_token_seconds",
         "vllm:inter_token_latency_seconds",
@@ -319,7 +321,7 @@ async def test_a_zmq_subscriber_sees_vllm_events_while_serving() -> None:
                     assert response.status_code == 200
                     await anyio.sleep(0.02)
                     while sub.poll(0):
-                        topic, seq, payload = sub.recv_multipart()
+                        _, _, payload = sub.recv_multipart()
                         batch = decode_batch(payload)
                         assert batch.data_parallel_rank == 0
                         stored += [e for e in batch.events if isinstance(e, BlockStored)]
