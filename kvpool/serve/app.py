@@ -304,33 +304,43 @@ class _Api:
                 role = {"role": "assistant", "content": ""}
                 yield chunk([{"index": 0, "delta": role, "logprobs": None, "finish_reason": None}])
             pending = list(range(len(jobs)))
-            # round robin over a batch's prompts: every step sends each running one a token
+
+            def event(index: int, output: Output) -> bytes:
+                """One output's SSE event; drops ``index`` from ``pending`` when done."""
+                tokens, _, _ = results[index]
+                tokens.extend(output.token_ids)
+                results[index] = (tokens, output.cached_tokens, output.error)
+                if output.error is not None:
+                    pending.remove(index)
+                    return b"data: " + _json.encode(ApiError(output.error).body()) + b"\n\n"
+                text = decode(tokenizer, output.token_ids)
+                reason = "length" if output.finished else None
+                choice: dict[str, Any]
+                if chat:
+                    choice = {"index": index, "delta": {"content": text} if text else {}}
+                else:
+                    choice = {"index": index, "text": text}
+                choice.update(logprobs=None, finish_reason=reason)
+                if output.finished:
+                    pending.remove(index)
+                return chunk([choice])
+
+            # Round robin over a batch's prompts (every step sends each running one a
+            # token). Outputs that queued up while the client was being written to go
+            # out in one write: a loaded server catches up instead of falling behind.
             while pending:
                 for index in list(pending):
+                    outputs = jobs[index].outputs
                     try:
-                        output = await jobs[index].outputs.receive()
-                    except Exception:  # the stream ended without a last output
+                        events = [event(index, await outputs.receive())]
+                        while index in pending:
+                            events.append(event(index, outputs.receive_nowait()))
+                    except anyio.WouldBlock:
+                        pass
+                    except anyio.EndOfStream:  # ended without a last output (aborted)
                         pending.remove(index)
                         continue
-                    tokens, _, _ = results[index]
-                    tokens.extend(output.token_ids)
-                    results[index] = (tokens, output.cached_tokens, output.error)
-                    if output.error is not None:
-                        pending.remove(index)
-                        error = ApiError(output.error).body()
-                        yield b"data: " + _json.encode(error) + b"\n\n"
-                        continue
-                    text = decode(tokenizer, output.token_ids)
-                    reason = "length" if output.finished else None
-                    if chat:
-                        delta = {"content": text} if text else {}
-                        choice = {"index": index, "delta": delta}
-                    else:
-                        choice = {"index": index, "text": text}
-                    choice.update(logprobs=None, finish_reason=reason)
-                    yield chunk([choice])
-                    if output.finished:
-                        pending.remove(index)
+                    yield b"".join(events)
             if include_usage:
                 yield chunk([], _usage(jobs, results))
             yield b"data: [DONE]\n\n"

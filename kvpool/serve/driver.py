@@ -37,7 +37,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from kvpool.engine import EngineConfig, MockEngine, StepResult, open_actor_kv
 from kvpool.engine.request import EngineRequest
 from kvpool.events import EventSink
-from kvpool.serve.metrics import ServeMetrics
+from kvpool.serve.metrics import RankMetrics, ServeMetrics
 from kvpool.workloads import RequestSpec
 
 
@@ -100,6 +100,7 @@ class EngineDriver:
         self.speedup_ratio = speedup_ratio
         self.sink = sink
         self.metrics = metrics
+        self._metrics: RankMetrics | None = None if metrics is None else metrics.rank(rank)
         self.outstanding = 0
         self.worst_lag_s = 0.0
         self.leaked_blocks: int | None = None  # set when the task ends
@@ -107,7 +108,6 @@ class EngineDriver:
         self._send, self._receive = anyio.create_memory_object_stream[Submit | Abort](math.inf)
         self._live: dict[str, _Live] = {}
         self._start = 0.0
-        self._label = ""
         self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
 
     # ------------------------------------------------------------ handler side
@@ -160,7 +160,6 @@ class EngineDriver:
             engine.epoch = time.time()
             if self.speedup_ratio > 0:  # paced: ts is the wall-clock time a step ends
                 engine.ts_scale = 1 / self.speedup_ratio
-            self._label = str(self.rank)
             self.engine = engine
             yield engine
 
@@ -232,8 +231,7 @@ class EngineDriver:
 
     async def _deliver(self, engine: MockEngine, result: StepResult) -> None:
         """Send each scheduled request the tokens it sampled in this step."""
-        metrics = self.metrics
-        label = (metrics.model_name, self._label) if metrics is not None else None
+        metrics = self._metrics
         clock = result.clock
         step_start = clock - result.duration_s
         gone: list[str] = []
@@ -244,23 +242,23 @@ class EngineDriver:
             request = live.request
             if live.cached is None:  # first admission: what it reused of its prompt
                 live.cached = request.num_computed - num_new
-                if label is not None and metrics is not None:
-                    metrics.queue.labels(*label).observe(step_start - request.arrival_s)
-                    metrics.prompt_tokens.labels(*label).inc(request.spec.input_length)
+                if metrics is not None:
+                    metrics.queue.observe(step_start - request.arrival_s)
+                    metrics.prompt_tokens.inc(request.spec.input_length)
             if request.num_output == live.sent:
                 continue  # a prefill chunk, or a recomputation after preemption
             output = request.spec.output
             tokens = [output.token(i) for i in range(live.sent, request.num_output)]
             live.sent = request.num_output
             finished = request.finish_s is not None
-            if label is not None and metrics is not None:
+            if metrics is not None:
                 if live.last_token is None:
-                    metrics.ttft.labels(*label).observe(clock - request.arrival_s)
+                    metrics.ttft.observe(clock - request.arrival_s)
                 else:
-                    metrics.itl.labels(*label).observe(clock - live.last_token)
+                    metrics.itl.observe(clock - live.last_token)
                 if finished:
-                    metrics.e2e.labels(*label).observe(clock - request.arrival_s)
-                    metrics.success.labels(*label, "length").inc()
+                    metrics.e2e.observe(clock - request.arrival_s)
+                    metrics.success.inc()
             live.last_token = clock
             try:
                 live.reply.send_nowait(Output(tokens, live.cached, finished))
@@ -278,14 +276,13 @@ class EngineDriver:
         """Update the rank's gauges and counters, and drop the engine's per-step
         samples (a server runs indefinitely; nothing here reads them)."""
         stats = engine.stats
-        metrics = self.metrics
+        metrics = self._metrics
         if metrics is not None:
-            label = (metrics.model_name, self._label)
             usage = stats.usage[-1] if stats.usage else 0.0
-            metrics.running.labels(*label).set(len(engine.running))
-            metrics.waiting.labels(*label).set(len(engine.waiting))
-            metrics.usage.labels(*label).set(usage)
-            metrics.gpu_usage.labels(*label).set(usage)
+            metrics.running.set(len(engine.running))
+            metrics.waiting.set(len(engine.waiting))
+            metrics.usage.set(usage)
+            metrics.gpu_usage.set(usage)
             now = (
                 stats.preemptions,
                 stats.prefix_query_tokens,
@@ -295,15 +292,15 @@ class EngineDriver:
             seen, self._seen = self._seen, now
             preempted, queries, hits, generated = (a - b for a, b in zip(now, seen, strict=True))
             if preempted:
-                metrics.preemptions.labels(*label).inc(preempted)
+                metrics.preemptions.inc(preempted)
             if queries:
-                metrics.queries.labels(*label).inc(queries)
-                metrics.gpu_queries.labels(*label).inc(queries)
+                metrics.queries.inc(queries)
+                metrics.gpu_queries.inc(queries)
             if hits:
-                metrics.hits.labels(*label).inc(hits)
-                metrics.gpu_hits.labels(*label).inc(hits)
+                metrics.hits.inc(hits)
+                metrics.gpu_hits.inc(hits)
             if generated:
-                metrics.generation_tokens.labels(*label).inc(generated)
+                metrics.generation_tokens.inc(generated)
         for samples in (
             stats.sample_times,
             stats.usage,

@@ -114,9 +114,44 @@ class ServeMetrics:
                 counter.labels(model_name, engine)
             self.success.labels(model_name, engine, "length")
 
+    def rank(self, rank: int) -> RankMetrics:
+        """The series of one engine rank, bound to its labels once (a label lookup per
+        observation would cost the engine task more than the observation itself)."""
+        return RankMetrics(self, str(rank))
+
     def render(self) -> bytes:
         """The registry in Prometheus' text format."""
         return generate_latest(self.registry)
 
 
-__all__ = ["ServeMetrics"]
+class RankMetrics:
+    """One rank's labelled children of the `ServeMetrics` series (same attribute names;
+    ``success`` is the ``finished_reason="length"`` child, the only reason the mock has)."""
+
+    __slots__ = (
+        "e2e", "generation_tokens", "gpu_hits", "gpu_queries", "gpu_usage", "hits", "itl",
+        "preemptions", "prompt_tokens", "queries", "queue", "running", "success", "ttft",
+        "usage", "waiting",
+    )  # fmt: skip
+
+    def __init__(self, metrics: ServeMetrics, engine: str) -> None:
+        m, label = metrics, (metrics.model_name, engine)
+        self.running: Gauge = m.running.labels(*label)
+        self.waiting: Gauge = m.waiting.labels(*label)
+        self.usage: Gauge = m.usage.labels(*label)
+        self.gpu_usage: Gauge = m.gpu_usage.labels(*label)
+        self.queries: Counter = m.queries.labels(*label)
+        self.hits: Counter = m.hits.labels(*label)
+        self.gpu_queries: Counter = m.gpu_queries.labels(*label)
+        self.gpu_hits: Counter = m.gpu_hits.labels(*label)
+        self.preemptions: Counter = m.preemptions.labels(*label)
+        self.prompt_tokens: Counter = m.prompt_tokens.labels(*label)
+        self.generation_tokens: Counter = m.generation_tokens.labels(*label)
+        self.success: Counter = m.success.labels(*label, "length")
+        self.ttft: Histogram = m.ttft.labels(*label)
+        self.itl: Histogram = m.itl.labels(*label)
+        self.e2e: Histogram = m.e2e.labels(*label)
+        self.queue: Histogram = m.queue.labels(*label)
+
+
+__all__ = ["RankMetrics", "ServeMetrics"]

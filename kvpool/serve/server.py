@@ -56,7 +56,7 @@ def _config(state: ServeState, host: str, port: int, log_level: str) -> uvicorn.
         host=host,
         port=port,
         loop=_loop(),
-        http="h11",
+        http="auto",  # httptools when installed (the serve extra), else h11
         lifespan="on",
         log_level=log_level,
         access_log=log_level == "debug",
