@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,7 +77,10 @@ def served(request: pytest.FixtureRequest) -> Iterator[type[Served]]:
 def test_a_signal_mid_stream_finishes_the_request_and_exits_zero(
     served: type[Served], sig: int
 ) -> None:
-    server = served("--port", "0", "--log-level", "warning")
+    # a step takes 1 s of simulated time at speedup 20 (50 ms of wall time): the stream
+    # of 60 tokens is in flight for 3 s, long after the listening socket closed
+    server = served("--port", "0", "--log-level", "warning", "--step-overhead-ms", "1000",
+                    "--speedup-ratio", "20")  # fmt: skip
     body = {"model": "kvpool-mock", "prompt": "tell me more", "max_tokens": 60, "stream": True}
     chunks = 0
     with (
@@ -89,6 +93,15 @@ def test_a_signal_mid_stream_finishes_the_request_and_exits_zero(
                 chunks += 1
                 break
         server.process.send_signal(sig)  # the stream is in flight: it must still finish
+        refused = False
+        for _ in range(200):  # stop accepting: new connections are refused (within 2 s)
+            try:
+                httpx.get(f"{server.url}/health", timeout=1)
+            except httpx.ConnectError:
+                refused = True
+                break
+            time.sleep(0.01)
+        assert refused
         done = False
         for line in lines:
             if line == "data: [DONE]":
