@@ -1,4 +1,5 @@
-"""``kvpool``: the command line. ``kvpool simulate`` runs a workload on mock engines.
+"""``kvpool``: the command line. ``kvpool simulate`` runs a workload on mock engines;
+``kvpool serve`` serves vLLM's OpenAI API over them (`kvpool.serve`, its own extra).
 
 Exit status: 0 on success, 2 for a bad flag, 1 for bad input (an unreadable or malformed
 trace, a missing optional dependency, a socket that cannot be bound) or a run that
@@ -184,8 +185,8 @@ def add_event_flags(group: argparse._ArgumentGroup) -> None:
         type=_int_at_least(1, _MAX_PORT),
         metavar="PORT",
         help="publish each worker's KV events vLLM-style on a ZMQ PUB socket at "
-        "PORT + rank (needs pyzmq); the run starts 0.5 s after binding, so subscribers "
-        "started before kvpool see every batch from sequence 0",
+        "PORT + rank (needs pyzmq); simulate starts its run 0.5 s after binding, so "
+        "subscribers started before kvpool see every batch from sequence 0",
     )
     group.add_argument(
         "--zmq-kv-event-host",
@@ -228,7 +229,7 @@ def add_event_flags(group: argparse._ArgumentGroup) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``kvpool`` argument parser with its ``simulate`` subcommand."""
+    """The ``kvpool`` argument parser with its ``simulate`` and ``serve`` subcommands."""
     parser = argparse.ArgumentParser(
         prog="kvpool", description="kvpool: a model of vLLM's GPU KV-cache block pool."
     )
@@ -393,7 +394,11 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         from kvpool.serve.command import run_serve
     except ImportError as exc:
-        return _fail(f"kvpool serve needs its extra: pip install 'kvpool[serve]' ({exc})")
+        print(
+            f"kvpool serve: error: it needs its extra: pip install 'kvpool[serve]' ({exc})",
+            file=sys.stderr,
+        )
+        return 1
     return run_serve(args, parser)
 
 
