@@ -44,13 +44,13 @@ def main() -> None:
     with ZmqEventPublisher(
         endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*"
     ) as publisher:
-        publisher.publish(batch)  # frames: [b"", sequence (8 bytes, big-endian), payload]
+        publisher.publish(batch)  # replayed as [b"", topic, sequence (8 bytes), payload]
         dealer = zmq.Context.instance().socket(zmq.DEALER)
         dealer.setsockopt(zmq.RCVTIMEO, 5000)
         assert publisher.replay_endpoint is not None
         dealer.connect(publisher.replay_endpoint)
         dealer.send_multipart([b"", (0).to_bytes(8, "big")])  # replay from sequence 0
-        _, sequence, payload = dealer.recv_multipart()
+        _, _topic, sequence, payload = dealer.recv_multipart()  # vLLM 0.33.0: 4 frames
         print(
             f"replayed sequence {int.from_bytes(sequence, 'big')}: {decode_batch(payload) == batch}"
         )

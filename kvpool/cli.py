@@ -1,10 +1,13 @@
-"""``kvpool``: the command line. ``kvpool simulate`` runs a workload on mock engines.
+"""``kvpool``: the command line. ``kvpool simulate`` runs a workload on mock engines;
+``kvpool serve`` serves vLLM's OpenAI API over them (`kvpool.serve`, its own extra).
 
 Exit status: 0 on success, 2 for a bad flag, 1 for bad input (an unreadable or malformed
 trace, an output file that cannot be written, a missing optional dependency, a socket
 that cannot be bound) or a run that leaked KV blocks, 130 when interrupted (Ctrl-C,
 SIGINT) and 143 when terminated (SIGTERM), at any point. Input and output paths are
-checked before anything runs.
+checked before anything runs. ``kvpool serve`` is the exception once it is listening:
+there SIGTERM or SIGINT stops it accepting, lets the requests in flight finish and
+exits 0 (uvicorn handles both signals while it serves).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
 from kvpool.engine.timing import DynamoTiming, ProfileTiming, StepTiming
 from kvpool.errors import PoolError, TraceError
+from kvpool.events.codec import EVENT_FORMATS
 from kvpool.workloads import (
     MOONCAKE_BLOCK_SIZE,
     MooncakeTrace,
@@ -123,52 +127,10 @@ def _speedup(text: str) -> float:
 _speedup.__name__ = "number"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``kvpool`` argument parser with its ``simulate`` subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="kvpool", description="kvpool: a model of vLLM's GPU KV-cache block pool."
-    )
-    parser.add_argument("--version", action="version", version=f"kvpool {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sim = commands.add_parser(
-        "simulate",
-        help="run a workload on mock engines and report KV-cache behaviour",
-        description=_DESCRIPTION,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-    work = sim.add_argument_group("workload")
-    work.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="Mooncake trace (JSON lines: timestamp ms, input_length, output_length, "
-        "hash_ids) to replay instead of the embedded default workload; gzip is read, "
-        "'-' reads standard input; validated whole before the run, then streamed",
-    )
-    work.add_argument(
-        "--trace-block-size",
-        type=_int_at_least(1),
-        default=MOONCAKE_BLOCK_SIZE,
-        metavar="N",
-        help="tokens per hash id in the trace (default: %(default)s, Mooncake's)",
-    )
-    work.add_argument(
-        "--seed",
-        type=_int_at_least(0),
-        default=0,
-        metavar="N",
-        help="seed of the embedded default workload (default: %(default)s)",
-    )
-    work.add_argument(
-        "--sessions",
-        type=_int_at_least(1, _MAX_SESSIONS),
-        default=SyntheticWorkload().num_sessions,
-        metavar="N",
-        help="chat sessions in the embedded default workload (default: %(default)s)",
-    )
-
-    engine = sim.add_argument_group("engine (per worker)")
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """The engine flags ``kvpool simulate`` and ``kvpool serve`` share (one definition,
+    so the two commands take the same engine); `engine_config` reads them back."""
+    engine = parser.add_argument_group("engine (per worker)")
     engine.add_argument(
         "--num-gpu-blocks",
         type=_int_at_least(1, _MAX_POOL_BLOCKS),
@@ -253,6 +215,104 @@ def build_parser() -> argparse.ArgumentParser:
         "decode_context_length, decode_itl) instead of the polynomial (needs numpy)",
     )
 
+
+def add_event_flags(group: argparse._ArgumentGroup) -> None:
+    """The KV-event flags ``kvpool simulate`` and ``kvpool serve`` share."""
+    group.add_argument(
+        "--zmq-kv-event-port",
+        type=_int_at_least(1, _MAX_PORT),
+        metavar="PORT",
+        help="publish each worker's KV events vLLM-style on a ZMQ PUB socket at "
+        "PORT + rank (needs pyzmq); simulate starts its run 0.5 s after binding, so "
+        "subscribers started before kvpool see every batch from sequence 0",
+    )
+    group.add_argument(
+        "--zmq-kv-event-host",
+        default="*",
+        metavar="HOST",
+        help="interface the ZMQ publishers bind: an address (IPv4 or IPv6) or a name "
+        "(default: all, '*')",
+    )
+    group.add_argument(
+        "--zmq-replay-port",
+        type=_int_at_least(1, _MAX_PORT),
+        metavar="PORT",
+        help="with --zmq-kv-event-port: answer vLLM's replay requests (a DEALER sends an "
+        "8-byte big-endian start sequence) on a ZMQ ROUTER at PORT + rank, from the last "
+        "--zmq-buffer-steps batches",
+    )
+    group.add_argument(
+        "--zmq-buffer-steps",
+        type=_int_at_least(1),
+        default=10_000,
+        metavar="N",
+        help="batches kept for replay (default: %(default)s, vLLM's)",
+    )
+    group.add_argument(
+        "--zmq-kv-event-topic",
+        default="",
+        metavar="TOPIC",
+        help="topic frame of every event message (default: empty, vLLM's); 'llm-d' means "
+        "llm-d's kv@<host>:<port>@<model> (serve only: the HTTP host, port and served "
+        "model name)",
+    )
+    group.add_argument(
+        "--kv-event-format",
+        choices=EVENT_FORMATS,
+        default="map",
+        help="map: vLLM 0.33.0's events (msgpack maps tagged 'type'); array: the "
+        "positional events vLLM sent before its pull request 42892, for routers that "
+        "decode only those (default: %(default)s)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvpool`` argument parser with its ``simulate`` and ``serve`` subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="kvpool", description="kvpool: a model of vLLM's GPU KV-cache block pool."
+    )
+    parser.add_argument("--version", action="version", version=f"kvpool {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sim = commands.add_parser(
+        "simulate",
+        help="run a workload on mock engines and report KV-cache behaviour",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+    work = sim.add_argument_group("workload")
+    work.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="Mooncake trace (JSON lines: timestamp ms, input_length, output_length, "
+        "hash_ids) to replay instead of the embedded default workload; gzip is read, "
+        "'-' reads standard input; validated whole before the run, then streamed",
+    )
+    work.add_argument(
+        "--trace-block-size",
+        type=_int_at_least(1),
+        default=MOONCAKE_BLOCK_SIZE,
+        metavar="N",
+        help="tokens per hash id in the trace (default: %(default)s, Mooncake's)",
+    )
+    work.add_argument(
+        "--seed",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="seed of the embedded default workload (default: %(default)s)",
+    )
+    work.add_argument(
+        "--sessions",
+        type=_int_at_least(1, _MAX_SESSIONS),
+        default=SyntheticWorkload().num_sessions,
+        metavar="N",
+        help="chat sessions in the embedded default workload (default: %(default)s)",
+    )
+
+    add_engine_flags(sim)
+
     cluster = sim.add_argument_group("run")
     cluster.add_argument(
         "--workers",
@@ -278,21 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="R",
         help="simulated seconds per wall second; 0 = as fast as possible (default: 0)",
     )
-    cluster.add_argument(
-        "--zmq-kv-event-port",
-        type=_int_at_least(1, _MAX_PORT),
-        metavar="PORT",
-        help="publish each worker's KV events vLLM-style on a ZMQ PUB socket at "
-        "PORT + rank (needs pyzmq); the run starts 0.5 s after binding, so subscribers "
-        "started before kvpool see every batch from sequence 0",
-    )
-    cluster.add_argument(
-        "--zmq-kv-event-host",
-        default="*",
-        metavar="HOST",
-        help="interface the ZMQ publishers bind: an address (IPv4 or IPv6) or a name "
-        "(default: all, '*')",
-    )
+    add_event_flags(cluster)
     cluster.add_argument(
         "--kv-backend",
         choices=("actor", "local"),
@@ -334,7 +380,74 @@ def build_parser() -> argparse.ArgumentParser:
         help="no progress bar (there is none anyway unless stderr is a terminal)",
     )
     sim.set_defaults(handler=_simulate)
+    _add_serve(commands)
     return parser
+
+
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve the OpenAI API, vLLM's /metrics and KV events over a mock engine",
+        description="A drop-in vLLM stand-in: the OpenAI-compatible HTTP API, /metrics "
+        "with vLLM's names and vLLM's KV events over ZMQ, answered by the mock engine "
+        "over the exact KV-cache model (needs the serve extra: pip install "
+        "'kvpool[serve]'). SIGTERM or SIGINT: stop accepting, finish the requests in "
+        "flight, exit 0.",
+    )
+    http = serve.add_argument_group("server")
+    http.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    http.add_argument(
+        "--port", type=_int_at_least(0, _MAX_PORT), default=8000, help="(default: %(default)s)"
+    )
+    http.add_argument(
+        "--served-model-name",
+        default="kvpool-mock",
+        metavar="NAME",
+        help="the model name clients must send (default: %(default)s)",
+    )
+    http.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="a local Hugging Face tokenizer.json (default: a built-in deterministic "
+        "word tokenizer; nothing is ever downloaded)",
+    )
+    http.add_argument(
+        "--log-level",
+        choices=("critical", "error", "warning", "info", "debug"),
+        default="info",
+        help="uvicorn's log level (default: %(default)s)",
+    )
+    add_engine_flags(serve)
+    run = serve.add_argument_group("run")
+    run.add_argument(
+        "--data-parallel-size",
+        type=_int_at_least(1, _MAX_WORKERS),
+        default=1,
+        metavar="N",
+        help="engines (ranks), each with its own pool actor and event stream at port + "
+        "rank; requests go to the rank with the fewest outstanding (default: 1)",
+    )
+    run.add_argument(
+        "--speedup-ratio",
+        type=_speedup,
+        default=1.0,
+        metavar="R",
+        help="simulated seconds per wall second; 0 = as fast as possible (default: 1)",
+    )
+    add_event_flags(run)
+    serve.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        from kvpool.serve.command import run_serve
+    except ImportError as exc:
+        print(
+            f"kvpool serve: error: it needs its extra: pip install 'kvpool[serve]' ({exc})",
+            file=sys.stderr,
+        )
+        return 1
+    return run_serve(args, parser)
 
 
 class _Termination:
@@ -409,15 +522,17 @@ def _timing(args: argparse.Namespace) -> StepTiming:
     return ProfileTiming.from_npz(args.planner_profile_data)
 
 
-def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EngineConfig:
+    """The `EngineConfig` the `add_engine_flags` flags describe.
+
+    Exits through ``parser.error`` for flags that contradict each other; raises
+    `PoolError` or ``ImportError`` for a planner profile that cannot be loaded.
+    """
     if args.planner_profile_data is not None and args.timing_model != "dynamo":
         parser.error("--planner-profile-data needs --timing-model dynamo")
+    timing = _timing(args)
     try:
-        timing = _timing(args)
-    except (PoolError, ImportError) as exc:
-        return _fail(str(exc))
-    try:
-        config = EngineConfig(
+        return EngineConfig(
             num_gpu_blocks=args.num_gpu_blocks,
             block_size=args.block_size,
             max_num_seqs=args.max_num_seqs,
@@ -429,18 +544,37 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except PoolError as exc:
         parser.error(str(exc))
+
+
+def check_event_flags(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, ranks: int
+) -> None:
+    """Exit through ``parser.error`` if the event flags cannot serve ``ranks`` ranks."""
+    for flag in ("zmq_kv_event_port", "zmq_replay_port"):
+        port = getattr(args, flag)
+        if port is not None and port + ranks - 1 > _MAX_PORT:
+            parser.error(
+                f"--{flag.replace('_', '-')}: rank {ranks - 1} would use port "
+                f"{port + ranks - 1}, above {_MAX_PORT}"
+            )
+    if args.zmq_replay_port is not None and args.zmq_kv_event_port is None:
+        parser.error("--zmq-replay-port needs --zmq-kv-event-port")
+
+
+def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        config = engine_config(args, parser)
+    except (PoolError, ImportError) as exc:
+        return _fail(str(exc))
     if args.trace and (args.seed != 0 or args.sessions != SyntheticWorkload().num_sessions):
         parser.error("--seed and --sessions shape the embedded workload; --trace replaces it")
     if not args.trace and args.trace_block_size != MOONCAKE_BLOCK_SIZE:
         parser.error("--trace-block-size applies to a --trace only")
     if args.json == "-" and args.requests_jsonl == "-":
         parser.error("--json and --requests-jsonl cannot both write to stdout ('-')")
-    port = args.zmq_kv_event_port
-    if port is not None and port + args.workers - 1 > _MAX_PORT:
-        parser.error(
-            f"--zmq-kv-event-port: worker {args.workers - 1} would publish on port "
-            f"{port + args.workers - 1}, above {_MAX_PORT}"
-        )
+    check_event_flags(args, parser, args.workers)
+    if args.zmq_kv_event_topic == "llm-d":
+        parser.error("--zmq-kv-event-topic llm-d names an HTTP endpoint: kvpool serve only")
     # Everything that can fail on input fails here, before the run starts.
     failure = _check_outputs(args)
     if failure is not None:
@@ -566,16 +700,39 @@ def _simulate_loaded(
 
 
 def _open_sinks(args: argparse.Namespace) -> list[ZmqEventPublisher] | None:
+    return open_publishers(args, args.workers, args.zmq_kv_event_topic)
+
+
+def open_publishers(
+    args: argparse.Namespace, ranks: int, topic: str
+) -> list[ZmqEventPublisher] | None:
+    """One `ZmqEventPublisher` per rank as the `add_event_flags` flags say (rank r at
+    port + r, its replay ROUTER at replay port + r), or None without
+    ``--zmq-kv-event-port``. Raises ``ImportError`` without pyzmq, ``zmq.ZMQError`` if a
+    port cannot be bound (nothing is left open then)."""
     if args.zmq_kv_event_port is None:
         return None
     from kvpool.events import ZmqEventPublisher
 
     endpoint = zmq_endpoint(args.zmq_kv_event_host, args.zmq_kv_event_port)
+    replay = (
+        None
+        if args.zmq_replay_port is None
+        else zmq_endpoint(args.zmq_kv_event_host, args.zmq_replay_port)
+    )
     sinks: list[ZmqEventPublisher] = []
     try:
         # rank r publishes on PORT + r, as vLLM does; one by one, to close them on failure
-        for rank in range(args.workers):
-            publisher = ZmqEventPublisher(data_parallel_rank=rank, endpoint=endpoint, bind=True)
+        for rank in range(ranks):
+            publisher = ZmqEventPublisher(
+                data_parallel_rank=rank,
+                endpoint=endpoint,
+                replay_endpoint=replay,
+                buffer_steps=args.zmq_buffer_steps,
+                topic=topic,
+                bind=True,
+                event_format=args.kv_event_format,
+            )
             sinks.append(publisher)
     except BaseException:
         for sink in sinks:

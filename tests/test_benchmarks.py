@@ -19,6 +19,10 @@ RUNS = {
         ["wall time", "before issue 9", "inside pool actor turns"],
     ),
     "events": (["bench_events.py"], ["tokens", "batches"]),
+    "serve": (
+        ["bench_serve.py", "--requests", "20", "--max-tokens", "4"],
+        ["worst clock lag", "requests per second", "tokens per second", "leaked blocks 0"],
+    ),
 }
 
 

@@ -921,3 +921,83 @@ def test_a_trace_from_a_terminal_says_it_is_reading_stdin() -> None:
         os.close(controller)
     assert process.returncode == 0
     assert b"trace <stdin> (1 requests)" in stdout
+
+
+def test_simulate_replays_with_vllms_four_frames_and_paced_wall_clock_ts() -> None:
+    """``--zmq-replay-port``: while a paced run publishes, a DEALER asking for sequence 0
+    gets ``[b"", topic, seq, payload]`` per batch (vLLM 0.33.0's framing) and the end
+    marker; paced, each batch's ``ts`` is wall-clock time (within the run's span)."""
+    import zmq
+
+    port = free_port_pair()
+    replay_port = free_port_pair()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.linger = 0
+    sub.rcvtimeo = 30_000
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.linger = 0
+    dealer.rcvtimeo = 10_000
+    started = time.time()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvpool",
+            "simulate",
+            "--sessions",
+            "4",
+            "--speedup-ratio",
+            "20",
+            "--zmq-kv-event-port",
+            str(port),
+            "--zmq-replay-port",
+            str(replay_port),
+            "--zmq-kv-event-host",
+            "127.0.0.1",
+            "--zmq-kv-event-topic",
+            "kv@pod:8000@m",
+            "--kv-event-format",
+            "map",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    try:
+        topic, seq, payload = sub.recv_multipart()  # the run is live and publishing
+        assert topic == b"kv@pod:8000@m"
+        dealer.connect(f"tcp://127.0.0.1:{replay_port}")
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        replayed = []
+        while True:
+            frames = dealer.recv_multipart()
+            assert len(frames) == 4
+            delimiter, topic, seq, payload = frames
+            assert delimiter == b""
+            if seq == (-1).to_bytes(8, "big", signed=True):
+                assert (topic, payload) == (b"", b"")
+                break
+            assert topic == b"kv@pod:8000@m"
+            replayed.append((int.from_bytes(seq, "big"), decode_batch(payload)))
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 0, stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        sub.close()
+        dealer.close()
+        ctx.term()
+    finished = time.time()
+    assert [s for s, _ in replayed] == list(range(len(replayed)))
+    assert replayed
+    assert all(started <= batch.ts <= finished for _, batch in replayed)
+
+
+def test_simulate_rejects_a_replay_port_without_an_event_port() -> None:
+    result = kvpool("simulate", "--zmq-replay-port", "6000")
+    assert result.returncode == 2
+    assert "--zmq-replay-port needs --zmq-kv-event-port" in result.stderr

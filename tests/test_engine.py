@@ -417,3 +417,19 @@ async def test_the_timed_client_delegates_and_counts_every_call() -> None:
     assert outcome.usage.num_active == 0
     assert kv.calls == 4
     assert kv.seconds > 0
+
+
+async def test_abort_frees_a_running_and_a_waiting_request_and_leaks_nothing() -> None:
+    engine, kv = make_engine(num_gpu_blocks=64, block_size=4, max_num_seqs=1)
+    await engine.submit(spec("running", 12, 50))
+    await engine.submit(spec("waiting", 8, 5))
+    await engine.step()  # "running" holds 3 full blocks + 1; "waiting" waits (max_num_seqs)
+    assert kv.manager.pool.num_active() > 0
+    assert await engine.abort("running")
+    assert await engine.abort("waiting")
+    assert not await engine.abort("running")  # gone already: nothing changes
+    assert not engine.has_work
+    assert engine.stats.aborted == 2
+    assert_clean(kv)
+    # its cached blocks stay findable, idle in the LRU (freed leaf first by the manager)
+    assert kv.manager.pool.num_inactive() == 3

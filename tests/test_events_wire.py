@@ -1,8 +1,10 @@
 """Byte-for-byte equality with vLLM's KV-event schema, both directions, every event kind.
 
-The ``Vllm*`` classes below restate vLLM's ``vllm/distributed/kv_events.py`` (after
-vllm-project/vllm#42892) independently of kvpool: batch ``array_like``, events tagged
-maps, ``omit_defaults`` and ``gc=False`` as vLLM declares them.
+The ``Vllm*`` classes below restate vLLM 0.33.0's ``vllm/distributed/kv_events.py``
+(``/work/shared/reference/vllm-0.33.0/kv_events.py``; it carries vllm-project/vllm#42892)
+independently of kvpool, field by field in its order: batch ``array_like``, events
+tagged maps, ``omit_defaults`` and ``gc=False`` as vLLM declares them, BlockStored with
+0.33.0's ``locality``, ``ownership``, ``session_id`` and ``lookahead_token_ids``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kvpool.events import (
     decode_batch,
     encode_batch,
 )
+from kvpool.events.codec import decode_array_batch
 
 
 class VllmEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -47,12 +50,18 @@ class VllmBlockStored(VllmKVCacheEvent, tag="BlockStored"):
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
 
 
 class VllmBlockRemoved(VllmKVCacheEvent, tag="BlockRemoved"):
     block_hashes: list[int]
     medium: str | None
     group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 class VllmAllBlocksCleared(VllmKVCacheEvent, tag="AllBlocksCleared"):
@@ -71,6 +80,10 @@ _VLLM_DEFAULTS = {
     "group_idx": None,
     "kv_cache_spec_kind": None,
     "kv_cache_spec_sliding_window": None,
+    "locality": None,
+    "ownership": None,
+    "session_id": None,
+    "lookahead_token_ids": None,
 }
 
 
@@ -117,12 +130,18 @@ stored_st = st.builds(
     group_idx=unset_or(st.integers(0, 8)),
     kv_cache_spec_kind=unset_or(st.sampled_from(["full_attention", "sliding_window"])),
     kv_cache_spec_sliding_window=unset_or(st.integers(1, 4096)),
+    locality=unset_or(st.sampled_from([None, "LOCAL", "REMOTE"])),
+    ownership=unset_or(maybe_str),
+    session_id=unset_or(maybe_str),
+    lookahead_token_ids=unset_or(st.lists(st.lists(st.integers(0, 2**32 - 1), max_size=3))),
 )
 removed_st = st.builds(
     BlockRemoved,
     block_hashes=st.lists(U64, min_size=1, max_size=4),
     medium=maybe_str,
     group_idx=unset_or(st.integers(0, 8)),
+    locality=unset_or(st.sampled_from([None, "LOCAL", "REMOTE"])),
+    ownership=unset_or(maybe_str),
 )
 event_st: st.SearchStrategy[KVEvent] = stored_st | removed_st | st.just(AllBlocksCleared())
 batch_st = st.builds(
@@ -163,11 +182,33 @@ EXAMPLES = [
                     extra_keys=[None],
                     group_idx=0,
                     kv_cache_spec_kind="full_attention",
+                    kv_cache_spec_sliding_window=128,
+                    locality="LOCAL",
+                    ownership="tier-2",
+                    session_id="session-1",
+                    lookahead_token_ids=[[3, 4]],
                 )
             ],
             data_parallel_rank=3,
         ),
         id="stored-every-field",
+    ),
+    pytest.param(
+        KVEventBatch(
+            ts=2.75,
+            events=[
+                BlockStored(
+                    block_hashes=[8],
+                    parent_block_hash=7,
+                    token_ids=[5, 6],
+                    block_size=2,
+                    session_id="s",
+                ),
+                BlockRemoved(block_hashes=[7], locality="REMOTE", ownership="o"),
+            ],
+            data_parallel_rank=0,
+        ),
+        id="vllm-0.33-fields",
     ),
     pytest.param(
         KVEventBatch(ts=3.0, events=[BlockRemoved(block_hashes=[1, 2, 3])], data_parallel_rank=1),
@@ -246,7 +287,7 @@ def test_unknown_fields_from_a_newer_vllm_are_ignored() -> None:
                     "type": "BlockRemoved",
                     "block_hashes": [4],
                     "medium": "GPU",
-                    "locality": "LOCAL",
+                    "a_field_from_vllm_0_40": "LOCAL",
                 }
             ],
             0,
@@ -255,6 +296,84 @@ def test_unknown_fields_from_a_newer_vllm_are_ignored() -> None:
     assert decode_batch(payload) == KVEventBatch(
         ts=1.0, events=[BlockRemoved(block_hashes=[4])], data_parallel_rank=0
     )
+
+
+class LegacyVllmKVCacheEvent(
+    msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True
+):
+    """vLLM before #42892: the same events, positional."""
+
+
+class LegacyVllmBlockStored(LegacyVllmKVCacheEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
+
+
+class LegacyVllmBlockRemoved(LegacyVllmKVCacheEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class LegacyVllmAllBlocksCleared(LegacyVllmKVCacheEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class LegacyVllmKVEventBatch(VllmEventBatch):
+    events: list[LegacyVllmBlockStored | LegacyVllmBlockRemoved | LegacyVllmAllBlocksCleared]
+
+
+def to_legacy(batch: KVEventBatch) -> LegacyVllmKVEventBatch:
+    events: list[Any] = []
+    for event in batch.events:
+        if isinstance(event, AllBlocksCleared):
+            events.append(LegacyVllmAllBlocksCleared())
+            continue
+        fields = {
+            k: (None if v is msgspec.UNSET else v) for k, v in msgspec.structs.asdict(event).items()
+        }
+        kind = LegacyVllmBlockStored if isinstance(event, BlockStored) else LegacyVllmBlockRemoved
+        events.append(kind(**fields))
+    return LegacyVllmKVEventBatch(batch.ts, events, batch.data_parallel_rank)
+
+
+@pytest.mark.parametrize("batch", EXAMPLES)
+def test_array_format_matches_pre_42892_vllm_bytes(batch: KVEventBatch) -> None:
+    ours = encode_batch(batch, "array")
+    assert ours == vllm_encoder.encode(to_legacy(batch))
+    decoded = decode_array_batch(ours)
+    assert encode_batch(decoded, "array") == ours
+
+
+def test_array_format_shape_is_positional_events() -> None:
+    batch = KVEventBatch(
+        ts=1.5,
+        events=[
+            BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[5, 6], block_size=2),
+            BlockRemoved(block_hashes=[1]),
+        ],
+    )
+    stored, removed = msgspec.msgpack.decode(encode_batch(batch, "array"))[1]
+    # tag first, then every field in declaration order (msgspec writes array_like
+    # structs whole), as the same classes with array_like=True did in vLLM
+    assert stored[:8] == ["BlockStored", [1], None, [5, 6], 2, None, "GPU", None]
+    assert stored[8:] == [None] * 8
+    assert removed == ["BlockRemoved", [1], "GPU", None, None, None]
 
 
 @pytest.mark.parametrize(

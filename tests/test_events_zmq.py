@@ -28,7 +28,8 @@ from kvpool.events import (
     ZmqEventPublisher,
     encode_batch,
 )
-from kvpool.events.zmq_publisher import END_SEQ, offset_endpoint_port
+from kvpool.events.codec import decode_array_batch
+from kvpool.events.zmq_publisher import END_SEQ, llmd_topic, offset_endpoint_port
 
 LOOPBACK = "tcp://127.0.0.1:*"  # ZMQ picks a free port; the publisher reports it
 GUARD_MS = 5_000
@@ -95,10 +96,11 @@ def replay(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, start: int) -> li
         dealer.send_multipart([b"", start.to_bytes(8, "big")])
         replies: list[list[bytes]] = []
         while True:
-            delimiter, seq, payload = dealer.recv_multipart()
+            # vLLM 0.33.0's four frames: delimiter, topic, seq, payload
+            delimiter, topic, seq, payload = dealer.recv_multipart()
             assert delimiter == b""
             if seq == END_SEQ:
-                assert payload == b""
+                assert (topic, payload) == (b"", b"")
                 return replies
             replies.append([seq, payload])
     finally:
@@ -190,7 +192,7 @@ def test_a_replay_longer_than_zmqs_default_high_water_mark_arrives_whole(
         # answered, the slow client's replay has (normally) been sent while it read nothing.
         assert replay(ctx, pub.replay_endpoint or "", steps) == []
         received = 0
-        while slow.recv_multipart()[1] != END_SEQ:
+        while slow.recv_multipart()[2] != END_SEQ:
             received += 1
     assert received == steps
 
@@ -205,7 +207,8 @@ def test_req_socket_gets_the_first_replay_message(ctx: zmq.Context[zmq.Socket[by
             with guarded(ctx, zmq.REQ) as req:
                 req.connect(pub.replay_endpoint or "")
                 req.send(start.to_bytes(8, "big"))
-                seq, payload = req.recv_multipart()
+                topic, seq, payload = req.recv_multipart()
+            assert topic == b""
             if expected is None:
                 assert (seq, payload) == (END_SEQ, b"")
             else:
@@ -223,9 +226,9 @@ def test_malformed_replay_request_is_ignored_and_service_continues(
             dealer.send_multipart([b"", b"one", b"too many"])
             dealer.send_multipart([b"", (0).to_bytes(8, "big")])
             # The first reply answers the valid request: the bad one got nothing.
-            _, seq, _ = dealer.recv_multipart()
+            _, _, seq, _ = dealer.recv_multipart()
             assert seq_of(seq) == 0
-            assert dealer.recv_multipart() == [b"", END_SEQ, b""]
+            assert dealer.recv_multipart() == [b"", b"", END_SEQ, b""]
 
 
 def test_an_ipv6_endpoint_publishes(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
@@ -396,3 +399,44 @@ def test_kvpool_events_imports_without_pyzmq() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["12", "ZmqEventPublisher"]
+
+
+def test_replay_carries_the_topic_frame_like_vllm_0_33(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """Each replayed batch is ``[b"", topic, seq, payload]`` (four frames at a DEALER,
+    what Dynamo's indexer expects); the end marker's topic frame is empty."""
+    topic = llmd_topic("10.0.0.7", 8000, "kvpool-mock")
+    assert topic == "kv@10.0.0.7:8000@kvpool-mock"
+    with ZmqEventPublisher(
+        endpoint=LOOPBACK, replay_endpoint=LOOPBACK, topic=topic, context=ctx
+    ) as pub:
+        pub.publish(step(0))
+        pub.publish(step(1))
+        with guarded(ctx, zmq.DEALER) as dealer:
+            dealer.connect(pub.replay_endpoint or "")
+            dealer.send_multipart([b"", (1).to_bytes(8, "big")])
+            frames = dealer.recv_multipart()
+            assert frames == [b"", topic.encode(), (1).to_bytes(8, "big"), frames[3]]
+            assert vllm_decoder.decode(frames[3]).ts == step(1).ts
+            assert dealer.recv_multipart() == [b"", b"", END_SEQ, b""]
+
+
+def test_array_event_format_publishes_legacy_positional_events(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """``event_format="array"``: pre-#42892 payloads, live and replayed alike."""
+    with ZmqEventPublisher(
+        endpoint=LOOPBACK, replay_endpoint=LOOPBACK, event_format="array", context=ctx
+    ) as pub:
+        pub.publish(step(0))
+        [(_, payload)] = replay(ctx, pub.replay_endpoint or "", 0)
+    raw = msgspec.msgpack.decode(payload)
+    assert raw[1][0][0] == "BlockRemoved"
+    assert raw[1][1][:5] == ["BlockStored", [1, 2], None, list(range(8)), 4]
+    assert decode_array_batch(payload) == msgspec.structs.replace(step(0), data_parallel_rank=0)
+
+
+def test_unknown_event_format_is_rejected(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    with pytest.raises(InvalidArgumentError, match="event_format"):
+        ZmqEventPublisher(endpoint=LOOPBACK, event_format="json", context=ctx)  # type: ignore[arg-type]

@@ -95,9 +95,12 @@ class StepResult:
 class MockEngine:
     """One engine (one data-parallel rank): a scheduler, a simulated clock, a KV client.
 
-    ``clock`` is simulated seconds; event batches are stamped ``epoch + clock``. The
-    engine never sleeps: pacing against the wall clock is the caller's business
-    (see `kvpool.engine.simulation`).
+    ``clock`` is simulated seconds; event batches are stamped ``epoch + clock *
+    ts_scale``. The engine never sleeps: pacing against the wall clock is the caller's
+    business (see `kvpool.engine.simulation`). A paced caller sets ``epoch`` to the wall
+    time (``time.time()``) of simulated 0 and ``ts_scale`` to ``1 / speedup_ratio``, so
+    ``ts`` is the wall-clock time the step ends; unpaced, ``ts`` is ``epoch`` plus
+    simulated seconds, a timeline that runs ahead of the wall clock.
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class MockEngine:
         self.rank = rank
         self.sink = sink
         self.epoch = epoch
+        self.ts_scale = 1.0
         self.clock = 0.0
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
@@ -200,6 +204,26 @@ class MockEngine:
         stats.submitted += 1
         self.waiting.append(EngineRequest(spec, arrived))
         return True
+
+    async def abort(self, request_id: str) -> bool:
+        """Drop a waiting or running request between steps and free its blocks leaf first.
+
+        Its blocks go back as a completion's do (cached ones to the LRU, leaf before
+        parent; nothing is evicted, so no event), its counters are dropped from the
+        running and waiting counts and ``stats.aborted`` grows. Returns False, changing
+        nothing, if the request is neither waiting nor running (finished, rejected or
+        unknown). Raises what the KV client raises. Call it only between steps.
+        """
+        for queue in (self.running, self.waiting):
+            for index, request in enumerate(queue):
+                if request.request_id == request_id:
+                    del queue[index]
+                    await self.kv.free(request_id)
+                    self.stats.aborted += 1
+                    if self._num_active >= 0:  # keep the admission check's count exact
+                        self._num_active = (await self.kv.usage()).num_active
+                    return True
+        return False
 
     # ------------------------------------------------------------------ steps
 
@@ -435,7 +459,9 @@ class MockEngine:
             if self.sink is not None:
                 self.sink.publish(
                     KVEventBatch(
-                        ts=self.epoch + now, events=outcome.events, data_parallel_rank=self.rank
+                        ts=self.epoch + now * self.ts_scale,
+                        events=outcome.events,
+                        data_parallel_rank=self.rank,
                     )
                 )
         self._num_active = outcome.usage.num_active

@@ -31,6 +31,7 @@ class EngineStats:
     submitted: int = 0
     rejected: int = 0
     completed: int = 0
+    aborted: int = 0  # dropped by `MockEngine.abort` (a client went away)
     prompt_tokens: int = 0
     generated_tokens: int = 0
     prefill_tokens: int = 0

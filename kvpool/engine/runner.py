@@ -73,7 +73,9 @@ async def run_simulation(
 
     Every engine's pool is checked (invariants, active blocks) before it is closed; the
     report carries the result. ``sinks[rank]`` receives that engine's event batches;
-    ``wrap_kv`` (e.g. `TimedKvClient`) wraps each client. Raises `InvalidArgumentError`
+    ``wrap_kv`` (e.g. `TimedKvClient`) wraps each client. Event batches' ``ts`` is
+    wall-clock time when paced (``speedup_ratio > 0``); at full speed it is the run's
+    start time plus simulated seconds. Raises `InvalidArgumentError`
     for a bad argument and whatever a KV client raises.
     """
     if type(workers) is not int or workers < 1:
@@ -88,7 +90,10 @@ async def run_simulation(
             if wrap_kv is not None:
                 kv = wrap_kv(kv)
             sink = sinks[rank] if sinks is not None else None
-            engines.append(MockEngine(kv, config, rank=rank, sink=sink, epoch=epoch))
+            engine = MockEngine(kv, config, rank=rank, sink=sink, epoch=epoch)
+            if speedup_ratio > 0:  # paced: ts is the wall-clock time a step ends
+                engine.ts_scale = 1 / speedup_ratio
+            engines.append(engine)
         simulation = Simulation(
             engines,
             requests,

@@ -1,7 +1,8 @@
 """Router-visible KV events as msgspec Structs that encode exactly like vLLM's.
 
-Schema source: vLLM ``vllm/distributed/kv_events.py`` after vllm-project/vllm#42892
-(merged 2026-06-09): ``EventBatch`` is ``array_like`` (a positional
+Schema source: vLLM 0.33.0's ``vllm/distributed/kv_events.py`` (restated field by field
+in ``tests/test_events_wire.py``), which carries vllm-project/vllm#42892 (merged
+2026-06-09): ``EventBatch`` is ``array_like`` (a positional
 msgpack array ``[ts, events, data_parallel_rank]``) while ``KVCacheEvent`` is *not*: each
 event is a msgpack map whose first key is ``"type"`` (msgspec ``tag=True``: the class
 name), then the fields in declaration order. Both use ``omit_defaults=True, gc=False``.
@@ -12,10 +13,13 @@ shows exactly ``[ts, [{"type": "BlockStored", ...}], 0]``. Block hashes are ints
 
 vLLM declares ``lora_id``, ``medium`` and ``lora_name`` without defaults, so they are
 always on the wire, and its newer optional fields (``extra_keys``, ``group_idx``,
-``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window``) default to None and are omitted
+``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window``, and since 0.33.0 ``locality``,
+``ownership``, ``session_id`` and ``lookahead_token_ids`` on BlockStored, ``locality``
+and ``ownership`` on BlockRemoved) default to None and are omitted
 while None. kvpool gives the first three keyword defaults for convenience, so to stay
 byte-identical our events switch ``omit_defaults`` off (every field is written) and give
-the newer fields the default ``UNSET``, which msgspec never writes. The result: same keys,
+the newer fields the default ``UNSET``, which msgspec never writes; an explicit None in
+one of them becomes UNSET when the event is built (vLLM omits a None there). The result: same keys,
 same order, same bytes as vLLM for every event, and vLLM's decoder reads ours unchanged.
 """
 
@@ -28,6 +32,27 @@ from msgspec import UNSET, UnsetType
 
 MEDIUM_GPU = "GPU"
 """vLLM's ``medium`` for blocks in GPU memory (the only tier the pool models)."""
+
+
+_STORED_OPTIONAL = (
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
+)
+_REMOVED_OPTIONAL = ("group_idx", "locality", "ownership")
+
+
+def _omit_none(event: msgspec.Struct, names: tuple[str, ...]) -> None:
+    """vLLM omits an optional field that is None (``omit_defaults``, default None): make
+    an explicit None UNSET, so it is omitted here too and the bytes stay identical."""
+    for name in names:
+        if getattr(event, name) is None:
+            msgspec.structs.force_setattr(event, name, UNSET)
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True, frozen=True):
@@ -54,6 +79,13 @@ class BlockStored(KVCacheEvent, omit_defaults=False, frozen=True):
     group_idx: int | UnsetType | None = UNSET
     kv_cache_spec_kind: str | UnsetType | None = UNSET
     kv_cache_spec_sliding_window: int | UnsetType | None = UNSET
+    locality: str | UnsetType | None = UNSET
+    ownership: str | UnsetType | None = UNSET
+    session_id: str | UnsetType | None = UNSET
+    lookahead_token_ids: list[list[int]] | UnsetType | None = UNSET
+
+    def __post_init__(self) -> None:
+        _omit_none(self, _STORED_OPTIONAL)
 
 
 class BlockRemoved(KVCacheEvent, omit_defaults=False, frozen=True):
@@ -62,6 +94,11 @@ class BlockRemoved(KVCacheEvent, omit_defaults=False, frozen=True):
     block_hashes: list[int]
     medium: str | None = MEDIUM_GPU
     group_idx: int | UnsetType | None = UNSET
+    locality: str | UnsetType | None = UNSET
+    ownership: str | UnsetType | None = UNSET
+
+    def __post_init__(self) -> None:
+        _omit_none(self, _REMOVED_OPTIONAL)
 
 
 class AllBlocksCleared(KVCacheEvent, frozen=True):

@@ -8,10 +8,16 @@ Wire protocol (vLLM ``vllm/distributed/kv_events.py``, ``ZmqEventPublisher``):
 - with a replay endpoint, a ROUTER socket answers a request whose last frame is an
   8-byte big-endian start sequence number (``[b"", start]`` from a DEALER, or just
   ``start`` from a REQ, which adds the empty delimiter itself): it sends one message
-  ``[b"", seq, payload]`` per buffered batch with ``seq >= start``, oldest first, then
-  the end marker ``[b"", (-1).to_bytes(8, "big", signed=True), b""]`` (a REQ socket
-  accepts only the first of those messages, so whole replays need a DEALER). Malformed
-  requests (not exactly identity, delimiter, start) are logged and ignored, as in vLLM;
+  ``[b"", topic, seq, payload]`` per buffered batch with ``seq >= start``, oldest first,
+  then the end marker ``[b"", b"", (-1).to_bytes(8, "big", signed=True), b""]`` (its
+  topic frame is empty whatever the topic). A DEALER thus receives four frames,
+  ``[b"", topic, seq, payload]``: vLLM 0.33.0's framing, which Dynamo's indexer
+  checks (with three it logs "Unexpected replay frame count: 3" and cannot fill a gap).
+  A REQ socket accepts only the first message, so whole replays need a DEALER.
+  Malformed requests (not exactly identity, delimiter, start) are logged and ignored,
+  as in vLLM. The ROUTER's send high-water mark is ``2 * (buffer_steps + 1)``, vLLM's:
+  ZMQ credits reads only every HWM/2 messages, so twice a full replay plus its marker
+  always fits;
 - ``data_parallel_rank`` fills the batch's field when the batch leaves it None, and
   offsets the endpoint: ``tcp://host:5557`` becomes ``tcp://host:5557+rank``,
   ``inproc://name`` becomes ``inproc://name_dp<rank>`` (see `offset_endpoint_port`);
@@ -43,7 +49,7 @@ import anyio.to_thread
 import msgspec
 
 from kvpool.errors import InvalidArgumentError
-from kvpool.events.codec import encode_batch
+from kvpool.events.codec import EVENT_FORMATS, EventFormat, encode_batch
 from kvpool.events.types import KVEventBatch
 
 if TYPE_CHECKING:
@@ -93,6 +99,14 @@ def offset_endpoint_port(endpoint: str | None, data_parallel_rank: int) -> str |
     raise InvalidArgumentError(f"invalid endpoint {endpoint!r}: must contain 'inproc' or 'tcp'")
 
 
+def llmd_topic(host: str, port: int, model: str) -> str:
+    """llm-d's per-pod topic, ``kv@<host>:<port>@<model>``: its KV-cache indexer
+    subscribes with the prefix ``kv@`` and reads the pod and model from the topic, so a
+    fleet of publishers can share one subscriber. ``host:port`` names the serving
+    endpoint (the HTTP address the router sends requests to), not the ZMQ socket."""
+    return f"kv@{host}:{port}@{model}"
+
+
 def _binds(endpoint: str) -> bool:
     return (
         "*" in endpoint
@@ -131,13 +145,15 @@ class ZmqEventPublisher:
         bind: bool | None = None,
         linger_ms: int = 1_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        event_format: EventFormat = "map",
     ) -> None:
         """Create the sockets (bound or connected) and, with a replay endpoint, its thread.
 
         ``buffer_steps`` batches are kept for replay; ``hwm`` is the PUB high-water mark;
         ``bind`` forces binding (True) or connecting (False) instead of vLLM's rule;
         ``linger_ms`` is how long unsent frames survive `close`; ``context`` defaults to
-        pyzmq's shared ``zmq.Context.instance()``. Raises ``ImportError``
+        pyzmq's shared ``zmq.Context.instance()``; ``event_format`` is vLLM 0.33.0's
+        ``"map"`` or the legacy ``"array"`` (`kvpool.events.codec`). Raises ``ImportError``
         without pyzmq, `InvalidArgumentError` for a bad argument, and ``zmq.ZMQError`` if
         an endpoint cannot be bound or connected (nothing is left open then).
         """
@@ -151,6 +167,10 @@ class ZmqEventPublisher:
         _check_count("buffer_steps", buffer_steps, 1)
         _check_count("hwm", hwm, 0)
         _check_count("linger_ms", linger_ms, 0)
+        if event_format not in EVENT_FORMATS:
+            raise InvalidArgumentError(
+                f"event_format must be one of {EVENT_FORMATS}, got {event_format!r}"
+            )
         if not isinstance(topic, str):
             raise InvalidArgumentError(f"topic must be a str, got {topic!r}")
         if not isinstance(endpoint, str) or not endpoint:
@@ -167,6 +187,7 @@ class ZmqEventPublisher:
 
         self._rank = data_parallel_rank
         self._topic = topic.encode()
+        self._format: EventFormat = event_format
         self._linger_ms = linger_ms
         self._lock = threading.Lock()
         self._next_seq = 0
@@ -194,8 +215,10 @@ class ZmqEventPublisher:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.linger = 0
                 self._replay.ipv6 = _is_ipv6(replay_at)
-                # a whole replay must fit, or ROUTER would silently drop the tail of it
-                self._replay.sndhwm = buffer_steps + 2
+                # vLLM's: ZMQ credits reads every HWM/2 messages, so a sender may see
+                # HWM/2 stale ones; twice a whole replay plus its marker always fits
+                # (a smaller mark would let ROUTER silently drop a replay's tail)
+                self._replay.sndhwm = 2 * (buffer_steps + 1)
                 self._replay.bind(replay_at)
                 self._replay_endpoint = self._replay.get_string(zmq.LAST_ENDPOINT)
         except BaseException:
@@ -218,6 +241,11 @@ class ZmqEventPublisher:
     def replay_endpoint(self) -> str | None:
         """The bound replay ROUTER endpoint, or None without replay."""
         return self._replay_endpoint
+
+    @property
+    def topic(self) -> str:
+        """The topic frame of every published message (and of every replayed batch)."""
+        return self._topic.decode()
 
     @property
     def data_parallel_rank(self) -> int:
@@ -245,7 +273,7 @@ class ZmqEventPublisher:
         """
         if batch.data_parallel_rank is None:
             batch = msgspec.structs.replace(batch, data_parallel_rank=self._rank)
-        payload = encode_batch(batch)
+        payload = encode_batch(batch, self._format)
         with self._lock:
             if self._closed:
                 raise anyio.ClosedResourceError
@@ -276,8 +304,8 @@ class ZmqEventPublisher:
         with self._lock:
             batches = [item for item in self._buffer if item[0] >= start]
         for seq, payload in batches:
-            replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-        replay.send_multipart((client, b"", END_SEQ, b""))
+            replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
+        replay.send_multipart((client, b"", b"", END_SEQ, b""))
 
     def close(self) -> None:
         """Stop replays, close the sockets; unsent frames linger ``linger_ms``. Idempotent.
@@ -323,4 +351,10 @@ class ZmqEventPublisher:
         )
 
 
-__all__ = ["DEFAULT_ENDPOINT", "END_SEQ", "ZmqEventPublisher", "offset_endpoint_port"]
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "END_SEQ",
+    "ZmqEventPublisher",
+    "llmd_topic",
+    "offset_endpoint_port",
+]

@@ -1,0 +1,319 @@
+"""One engine per data-parallel rank, owned by one task: the `EngineDriver`.
+
+The driver's task is the only code that touches its `MockEngine` (and, through it, the
+rank's KV manager actor). HTTP handlers reach it through an anyio memory object stream
+of `Submit` and `Abort` messages; each request gets its tokens back through its own
+memory object stream of `Output`. Both streams are unbounded, so a handler never
+blocks on the engine and the engine never blocks on a slow client (a request's output
+is bounded by its ``max_tokens``).
+
+Timing: with ``speedup_ratio`` R > 0, simulated time runs R times wall time from the
+moment the driver starts; after each step the driver sleeps until the wall clock
+reaches the step's end (``start + clock / R``) and only then sends the step's tokens,
+so a token is sent when the simulated clock passes the end of its step. An idle
+engine's clock jumps to "now" when a request arrives. ``worst_lag_s`` records how late
+(wall seconds) a step's tokens were sent past that instant. With R = 0 the engine
+runs as fast as it can, yielding to the event loop after every step.
+
+Invariants: a request is in ``_live`` from its `Submit` until its last `Output` is
+sent or it is aborted; ``outstanding`` counts submitted requests not yet finished,
+rejected or aborted (what data-parallel dispatch balances).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from kvpool.engine import EngineConfig, MockEngine, StepResult, open_actor_kv
+from kvpool.engine.request import EngineRequest
+from kvpool.events import EventSink
+from kvpool.serve.metrics import RankMetrics, ServeMetrics
+from kvpool.workloads import RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """What one step produced for one request: its new token ids (one per step), the
+    prompt tokens its first admission reused from the prefix cache, and whether it is
+    done (its last `Output`). ``error`` is set, with no tokens, if the engine refused it."""
+
+    token_ids: list[int]
+    cached_tokens: int
+    finished: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Queue ``spec``; its outputs go to ``reply`` (closed after the last one)."""
+
+    spec: RequestSpec
+    reply: MemoryObjectSendStream[Output]
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Drop a request whose client went away; its blocks are freed leaf first."""
+
+    request_id: str
+
+
+class _Live:
+    """A request the driver is producing for."""
+
+    __slots__ = ("cached", "last_token", "reply", "request", "sent")
+
+    def __init__(self, request: EngineRequest, reply: MemoryObjectSendStream[Output]) -> None:
+        self.request = request
+        self.reply = reply
+        self.sent = 0  # output tokens already sent
+        self.cached: int | None = None  # prompt tokens reused at first admission
+        self.last_token: float | None = None  # simulated time of the last token
+
+
+class EngineDriver:
+    """The task that owns one rank's engine (see the module doc)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        rank: int = 0,
+        *,
+        speedup_ratio: float = 1.0,
+        sink: EventSink | None = None,
+        metrics: ServeMetrics | None = None,
+    ) -> None:
+        if not speedup_ratio >= 0 or math.isinf(speedup_ratio):
+            raise ValueError(f"speedup_ratio must be a finite number >= 0, got {speedup_ratio}")
+        self.config = config
+        self.rank = rank
+        self.speedup_ratio = speedup_ratio
+        self.sink = sink
+        self.metrics = metrics
+        self._metrics: RankMetrics | None = None if metrics is None else metrics.rank(rank)
+        self.outstanding = 0
+        self.worst_lag_s = 0.0
+        self.leaked_blocks: int | None = None  # set when the task ends
+        self.engine: MockEngine | None = None
+        self._send, self._receive = anyio.create_memory_object_stream[Submit | Abort](math.inf)
+        self._live: dict[str, _Live] = {}
+        self._start = 0.0
+        self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
+
+    # ------------------------------------------------------------ handler side
+
+    def submit(self, spec: RequestSpec) -> MemoryObjectReceiveStream[Output]:
+        """Queue ``spec`` for this rank; return the stream its outputs arrive on.
+
+        Never blocks. Raises ``anyio.ClosedResourceError`` once `close` was called (the
+        server is shutting down). Close the returned stream to stop listening; the
+        driver then aborts the request at its next output.
+        """
+        send, receive = anyio.create_memory_object_stream[Output](math.inf)
+        try:
+            self._send.send_nowait(Submit(spec, send))
+        except BaseException:
+            send.close()
+            receive.close()
+            raise
+        self.outstanding += 1
+        return receive
+
+    def abort(self, request_id: str) -> None:
+        """Ask the task to drop ``request_id`` (no-op if it has finished). Never blocks
+        or raises, so it is safe in a ``finally`` of a cancelled handler."""
+        # shutting down: the closed reply stream makes the task abort it instead
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._send.send_nowait(Abort(request_id))
+
+    def close(self) -> None:
+        """Accept no more requests; the task finishes the ones it has, then ends."""
+        self._send.close()
+
+    # --------------------------------------------------------------- the task
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Open the rank's KV manager actor and engine, signal ready, serve until
+        `close` and every request is done, then check for leaked blocks
+        (``leaked_blocks``). Cancellation ends it at once (the actor is closed)."""
+        async with self._open_engine() as engine:
+            task_status.started()
+            await self._loop(engine)
+            usage = await engine.final_usage()
+            self.leaked_blocks = usage.num_active
+
+    @asynccontextmanager
+    async def _open_engine(self) -> AsyncIterator[MockEngine]:
+        async with open_actor_kv(self.config, self.rank) as kv:
+            engine = MockEngine(kv, self.config, rank=self.rank, sink=self.sink)
+            self._start = time.perf_counter()
+            engine.epoch = time.time()
+            if self.speedup_ratio > 0:  # paced: ts is the wall-clock time a step ends
+                engine.ts_scale = 1 / self.speedup_ratio
+            self.engine = engine
+            yield engine
+
+    def _sim_now(self) -> float:
+        return (time.perf_counter() - self._start) * self.speedup_ratio
+
+    async def _loop(self, engine: MockEngine) -> None:
+        receive = self._receive
+        open_ = True
+        while open_ or engine.has_work:
+            if not engine.has_work:
+                try:
+                    await self._handle(engine, await receive.receive())
+                except anyio.EndOfStream:
+                    open_ = False
+                    continue
+            while open_:  # everything that arrived meanwhile, without waiting
+                try:
+                    message = receive.receive_nowait()
+                except anyio.WouldBlock:
+                    break
+                except anyio.EndOfStream:
+                    open_ = False
+                    break
+                await self._handle(engine, message)
+            if not engine.has_work:
+                continue
+            result = await engine.step()
+            await self._pace(engine.clock)
+            await self._deliver(engine, result)
+            self._report(engine)
+
+    async def _handle(self, engine: MockEngine, message: Submit | Abort) -> None:
+        if isinstance(message, Abort):
+            await self._abort(engine, message.request_id)
+            return
+        spec, reply = message.spec, message.reply
+        paced = self.speedup_ratio > 0
+        now = self._sim_now() if paced else None
+        if now is not None:
+            engine.advance_to(now)  # an idle engine's clock catches up with the wall
+        if not await engine.submit(spec, now):
+            reason = engine.rejection_reason(spec) or "rejected"
+            reply.send_nowait(Output([], 0, True, reason))
+            reply.close()
+            self.outstanding -= 1
+            return
+        self._live[spec.request_id] = _Live(engine.waiting[-1], reply)
+
+    async def _abort(self, engine: MockEngine, request_id: str) -> None:
+        live = self._live.pop(request_id, None)
+        if live is None:
+            return  # finished (or aborted) already
+        live.reply.close()
+        await engine.abort(request_id)
+        self.outstanding -= 1
+
+    async def _pace(self, clock: float) -> None:
+        if self.speedup_ratio == 0:
+            await anyio.lowlevel.checkpoint()  # let the handlers run between steps
+            return
+        deadline = self._start + clock / self.speedup_ratio
+        delay = deadline - time.perf_counter()
+        if delay > 0:
+            await anyio.sleep(delay)
+        lag = time.perf_counter() - deadline
+        if lag > self.worst_lag_s:
+            self.worst_lag_s = lag
+
+    async def _deliver(self, engine: MockEngine, result: StepResult) -> None:
+        """Send each scheduled request the tokens it sampled in this step."""
+        metrics = self._metrics
+        clock = result.clock
+        step_start = clock - result.duration_s
+        gone: list[str] = []
+        for request_id, num_new in result.scheduled.items():
+            live = self._live.get(request_id)
+            if live is None:
+                continue
+            request = live.request
+            if live.cached is None:  # first admission: what it reused of its prompt
+                live.cached = request.num_computed - num_new
+                if metrics is not None:
+                    metrics.queue.observe(step_start - request.arrival_s)
+                    metrics.prompt_tokens.inc(request.spec.input_length)
+            if request.num_output == live.sent:
+                continue  # a prefill chunk, or a recomputation after preemption
+            output = request.spec.output
+            tokens = [output.token(i) for i in range(live.sent, request.num_output)]
+            live.sent = request.num_output
+            finished = request.finish_s is not None
+            if metrics is not None:
+                if live.last_token is None:
+                    metrics.ttft.observe(clock - request.arrival_s)
+                else:
+                    metrics.itl.observe(clock - live.last_token)
+                if finished:
+                    metrics.e2e.observe(clock - request.arrival_s)
+                    metrics.success.inc()
+            live.last_token = clock
+            try:
+                live.reply.send_nowait(Output(tokens, live.cached, finished))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                gone.append(request_id)  # the client stopped listening
+                continue
+            if finished:
+                live.reply.close()
+                del self._live[request_id]
+                self.outstanding -= 1
+        for request_id in gone:
+            await self._abort(engine, request_id)
+
+    def _report(self, engine: MockEngine) -> None:
+        """Update the rank's gauges and counters, and drop the engine's per-step and
+        per-request samples and records (a server runs indefinitely; nothing here reads
+        them)."""
+        stats = engine.stats
+        metrics = self._metrics
+        if metrics is not None:
+            usage = stats.usage[-1] if stats.usage else 0.0
+            metrics.running.set(len(engine.running))
+            metrics.waiting.set(len(engine.waiting))
+            metrics.usage.set(usage)
+            metrics.gpu_usage.set(usage)
+            now = (
+                stats.preemptions,
+                stats.prefix_query_tokens,
+                stats.prefix_hit_tokens,
+                stats.generated_tokens,
+            )
+            seen, self._seen = self._seen, now
+            preempted, queries, hits, generated = (a - b for a, b in zip(now, seen, strict=True))
+            if preempted:
+                metrics.preemptions.inc(preempted)
+            if queries:
+                metrics.queries.inc(queries)
+                metrics.gpu_queries.inc(queries)
+            if hits:
+                metrics.hits.inc(hits)
+                metrics.gpu_hits.inc(hits)
+            if generated:
+                metrics.generation_tokens.inc(generated)
+        for samples in (
+            stats.sample_times,
+            stats.usage,
+            stats.query_samples,
+            stats.hit_samples,
+            stats.ttft_s,
+            stats.latency_s,
+            stats.tpot_s,
+        ):
+            samples.clear()
+        del stats.itl_s[:]  # an array('d'): no clear() before Python 3.13
+        stats.requests.clear()  # the per-request records `kvpool simulate` writes
+
+
+__all__ = ["Abort", "EngineDriver", "Output", "Submit"]

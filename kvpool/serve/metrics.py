@@ -1,0 +1,157 @@
+"""``GET /metrics``: vLLM's V1 Prometheus names and labels, fed by the engine tasks.
+
+Every series carries ``model_name`` (the served model name) and ``engine`` (the rank),
+as vLLM's do. Latency histograms are in *simulated* seconds (what a real engine's would
+measure), with vLLM's bucket bounds. The legacy names routers still scrape
+(``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_queries_total``,
+``vllm:gpu_prefix_cache_hits_total``) carry the same values as their V1 counterparts.
+Each server has its own registry, so several in one process never share a series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kvpool.engine import EngineConfig
+
+_LABELS = ("model_name", "engine")
+_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class ServeMetrics:
+    """The server's Prometheus registry and its vLLM-named metrics."""
+
+    def __init__(self, model_name: str, config: EngineConfig, ranks: int) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        r = self.registry
+        self.running = Gauge(
+            "vllm:num_requests_running", "Requests in model execution batches.", _LABELS,
+            registry=r,
+        )  # fmt: skip
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be processed.", _LABELS, registry=r
+        )
+        self.usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", _LABELS,
+            registry=r,
+        )  # fmt: skip
+        self.gpu_usage = Gauge(
+            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage (legacy name).", _LABELS,
+            registry=r,
+        )  # fmt: skip
+        self.queries = Counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", _LABELS, registry=r
+        )
+        self.hits = Counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", _LABELS, registry=r
+        )
+        self.gpu_queries = Counter(
+            "vllm:gpu_prefix_cache_queries", "GPU prefix cache queries (legacy name).",
+            _LABELS, registry=r,
+        )  # fmt: skip
+        self.gpu_hits = Counter(
+            "vllm:gpu_prefix_cache_hits", "GPU prefix cache hits (legacy name).", _LABELS,
+            registry=r,
+        )  # fmt: skip
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Cumulative number of preemptions.", _LABELS, registry=r
+        )
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prefill tokens processed.", _LABELS, registry=r
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generation tokens processed.", _LABELS, registry=r
+        )
+        self.success = Counter(
+            "vllm:request_success", "Successfully processed requests.",
+            (*_LABELS, "finished_reason"), registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token in seconds.", _LABELS,
+            buckets=_TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", _LABELS,
+            buckets=_ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.",
+            _LABELS, buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue = Histogram(
+            "vllm:request_queue_time_seconds", "Time spent waiting in the queue, seconds.",
+            _LABELS, buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        info = Gauge(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
+            ("model_name", "engine", "block_size", "num_gpu_blocks", "enable_prefix_caching"),
+            registry=r,
+        )  # fmt: skip
+        for rank in range(ranks):
+            engine = str(rank)
+            info.labels(
+                model_name, engine, str(config.block_size), str(config.num_gpu_blocks),
+                str(config.enable_prefix_caching),
+            ).set(1)  # fmt: skip
+            for metric in (self.running, self.waiting, self.usage, self.gpu_usage):
+                metric.labels(model_name, engine).set(0)
+            for counter in (
+                self.queries, self.hits, self.gpu_queries, self.gpu_hits, self.preemptions,
+                self.prompt_tokens, self.generation_tokens,
+            ):  # fmt: skip
+                counter.labels(model_name, engine)
+            self.success.labels(model_name, engine, "length")
+
+    def rank(self, rank: int) -> RankMetrics:
+        """The series of one engine rank, bound to its labels once (a label lookup per
+        observation would cost the engine task more than the observation itself)."""
+        return RankMetrics(self, str(rank))
+
+    def render(self) -> bytes:
+        """The registry in Prometheus' text format."""
+        return generate_latest(self.registry)
+
+
+class RankMetrics:
+    """One rank's labelled children of the `ServeMetrics` series (same attribute names;
+    ``success`` is the ``finished_reason="length"`` child, the only reason the mock has)."""
+
+    __slots__ = (
+        "e2e", "generation_tokens", "gpu_hits", "gpu_queries", "gpu_usage", "hits", "itl",
+        "preemptions", "prompt_tokens", "queries", "queue", "running", "success", "ttft",
+        "usage", "waiting",
+    )  # fmt: skip
+
+    def __init__(self, metrics: ServeMetrics, engine: str) -> None:
+        m, label = metrics, (metrics.model_name, engine)
+        self.running: Gauge = m.running.labels(*label)
+        self.waiting: Gauge = m.waiting.labels(*label)
+        self.usage: Gauge = m.usage.labels(*label)
+        self.gpu_usage: Gauge = m.gpu_usage.labels(*label)
+        self.queries: Counter = m.queries.labels(*label)
+        self.hits: Counter = m.hits.labels(*label)
+        self.gpu_queries: Counter = m.gpu_queries.labels(*label)
+        self.gpu_hits: Counter = m.gpu_hits.labels(*label)
+        self.preemptions: Counter = m.preemptions.labels(*label)
+        self.prompt_tokens: Counter = m.prompt_tokens.labels(*label)
+        self.generation_tokens: Counter = m.generation_tokens.labels(*label)
+        self.success: Counter = m.success.labels(*label, "length")
+        self.ttft: Histogram = m.ttft.labels(*label)
+        self.itl: Histogram = m.itl.labels(*label)
+        self.e2e: Histogram = m.e2e.labels(*label)
+        self.queue: Histogram = m.queue.labels(*label)
+
+
+__all__ = ["RankMetrics", "ServeMetrics"]

@@ -1,0 +1,132 @@
+"""Serving the app: uvicorn on uvloop, a graceful exit on SIGTERM/SIGINT, a leak check.
+
+`serve` blocks until a signal: uvicorn stops accepting connections, waits for the
+requests in flight to finish, then the app's lifespan lets the engines drain and checks
+that every pool is back to zero active blocks. The exit status is 0 then, 1 if a block
+leaked. `running_server` runs the same server inside an existing asyncio loop (tests,
+benchmarks) on a port the OS picks.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import FrameType
+
+import anyio
+import uvicorn
+
+from kvpool.serve.app import build_app
+from kvpool.serve.state import ServeState
+
+
+def _loop() -> str:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        return "asyncio"
+    return "uvloop"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, with two changes: it announces the address it bound (the port
+    the OS picked for port 0), and it exits normally after a graceful shutdown on
+    SIGTERM/SIGINT instead of re-raising the signal (which would end the process with
+    the signal's status instead of 0)."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+    @property
+    def bound(self) -> tuple[str, int] | None:
+        """The (host, port) of the first listening socket, once started."""
+        for server in self.servers:
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                return str(host), int(port)
+        return None
+
+
+def _config(state: ServeState, host: str, port: int, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        build_app(state),
+        host=host,
+        port=port,
+        loop=_loop(),
+        http="auto",  # httptools when installed (the serve extra), else h11
+        lifespan="on",
+        log_level=log_level,
+        access_log=log_level == "debug",
+    )
+
+
+def serve(state: ServeState, host: str, port: int, *, log_level: str = "warning") -> int:
+    """Serve until SIGTERM/SIGINT; return 0, or 1 if a KV block leaked."""
+    server = _Server(_config(state, host, port, log_level))
+
+    async def announce() -> None:
+        while not server.started and not server.should_exit:
+            await anyio.sleep(0.01)
+        if server.bound is not None:
+            bound_host, bound_port = server.bound
+            print(
+                f"kvpool serve: listening on http://{bound_host}:{bound_port} "
+                f"(model {state.model_name!r}, {len(state.drivers)} rank(s))",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(announce)
+            await server.serve()
+
+    uvicorn_loop = _loop()
+    anyio.run(main, backend="asyncio", backend_options={"use_uvloop": uvicorn_loop == "uvloop"})
+    if not server.started:
+        return 1  # it could not bind, or the engines did not start (uvicorn logged why)
+    leaked = state.leaked_blocks
+    if leaked:
+        print(f"kvpool serve: {leaked} KV blocks still active at exit", file=sys.stderr)
+        return 1
+    return 0
+
+
+@asynccontextmanager
+async def running_server(
+    state: ServeState, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"
+) -> AsyncIterator[str]:
+    """Run the server in this (asyncio) loop; yield its base URL (``http://host:port``).
+
+    On exit it shuts down as on SIGTERM: requests in flight finish, the engines drain.
+    """
+    server = _Server(_config(state, host, port, log_level))
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(server._serve)  # without signal capture: the caller owns those
+        while not server.started:
+            if server.should_exit:
+                raise RuntimeError("the server failed to start")
+            await anyio.sleep(0.005)
+        bound = server.bound
+        assert bound is not None
+        try:
+            yield f"http://{bound[0]}:{bound[1]}"
+        finally:
+            server.should_exit = True
+
+
+def routable_host(host: str) -> str:
+    """``host``, or this machine's address when ``host`` is a wildcard (for topics
+    and logs that must name the server to someone else)."""
+    if host in ("", "0.0.0.0", "::", "*"):
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+    return host
+
+
+__all__ = ["routable_host", "running_server", "serve"]

@@ -1,0 +1,86 @@
+"""What one server holds: its engine drivers (one per rank), tokenizer and metrics, and
+the life cycle that starts and stops the drivers' tasks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import anyio
+
+from kvpool.engine import EngineConfig
+from kvpool.events import EventSink
+from kvpool.serve.driver import EngineDriver
+from kvpool.serve.metrics import ServeMetrics
+from kvpool.serve.tokenizer import BuiltinTokenizer, Tokenizer
+
+DEFAULT_MODEL_NAME = "kvpool-mock"
+
+
+class ServeState:
+    """A server's engines and settings; `running` runs the engines' tasks.
+
+    Dispatch across data-parallel ranks is simulate's ``least-loaded``: the rank with
+    the fewest outstanding requests, lowest rank on ties.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        model_name: str = DEFAULT_MODEL_NAME,
+        data_parallel_size: int = 1,
+        speedup_ratio: float = 1.0,
+        tokenizer: Tokenizer | None = None,
+        sinks: Sequence[EventSink | None] | None = None,
+    ) -> None:
+        if data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
+        if sinks is not None and len(sinks) != data_parallel_size:
+            raise ValueError(f"need one sink (or None) per rank, got {len(sinks)}")
+        self.config = config
+        self.model_name = model_name
+        self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else BuiltinTokenizer()
+        self.metrics = ServeMetrics(model_name, config, data_parallel_size)
+        self.created = int(time.time())
+        self.drivers = [
+            EngineDriver(
+                config,
+                rank,
+                speedup_ratio=speedup_ratio,
+                sink=None if sinks is None else sinks[rank],
+                metrics=self.metrics,
+            )
+            for rank in range(data_parallel_size)
+        ]
+
+    @property
+    def max_model_len(self) -> int:
+        """The most tokens (prompt plus output) one request may hold: the whole cache."""
+        return self.config.num_gpu_blocks * self.config.block_size
+
+    def choose(self) -> EngineDriver:
+        """The rank for the next request: fewest outstanding, lowest rank on ties."""
+        return min(self.drivers, key=lambda driver: driver.outstanding)
+
+    @property
+    def leaked_blocks(self) -> int:
+        """Blocks still active after the engines stopped (0 when all is well)."""
+        return sum(driver.leaked_blocks or 0 for driver in self.drivers)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[ServeState]:
+        """Start every rank's task; on exit, stop accepting requests, let the engines
+        finish the ones they have, and wait for them (``leaked_blocks`` is then set)."""
+        async with anyio.create_task_group() as tasks:
+            for driver in self.drivers:
+                await tasks.start(driver.run)
+            try:
+                yield self
+            finally:
+                for driver in self.drivers:
+                    driver.close()
+
+
+__all__ = ["DEFAULT_MODEL_NAME", "ServeState"]

@@ -1,0 +1,346 @@
+"""``kvpool serve`` in-process: the OpenAI API (real ``openai`` SDK and httpx), /metrics
+(prometheus_client's parser), aborts on disconnect, and KV events to a ZMQ subscriber.
+
+The server runs on uvicorn inside the test's own event loop (`running_server`, port 0 on
+127.0.0.1), so these tests run on asyncio and uvloop only: the server is asyncio-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import zmq
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvpool.engine import EngineConfig
+from kvpool.events import BlockStored, ZmqEventPublisher, decode_batch
+from kvpool.serve import BuiltinTokenizer, ServeState, running_server
+
+pytestmark = pytest.mark.anyio
+GUARD_S = 20
+MODEL = "kvpool-mock"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(("asyncio", {}), id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
+    backend: tuple[str, dict[str, Any]] = request.param
+    return backend
+
+
+def small_state(**overrides: Any) -> ServeState:
+    config = EngineConfig(num_gpu_blocks=256, block_size=4, max_num_batched_tokens=256)
+    options: dict[str, Any] = {"speedup_ratio": 0.0}
+    options.update(overrides)
+    return ServeState(config, **options)
+
+
+async def metric_samples(client: httpx.AsyncClient) -> dict[tuple[str, str], float]:
+    """``(sample name, engine) -> value`` from /metrics, parsed by prometheus_client."""
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    samples: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if "le" in sample.labels or "finished_reason" in sample.labels:
+                continue
+            samples[(sample.name, sample.labels.get("engine", ""))] = sample.value
+    return samples
+
+
+async def test_health_and_models_answer_like_vllm() -> None:
+    state = small_state()
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/health")).status_code == 200
+            models = (await client.get("/v1/models")).json()
+    assert models["object"] == "list"
+    [model] = models["data"]
+    assert model["id"] == MODEL
+    assert model["max_model_len"] == 256 * 4
+    assert state.leaked_blocks == 0
+
+
+async def test_completions_take_text_token_ids_and_batches_and_report_cached_tokens() -> None:
+    state = small_state()
+    prompt = "the quick brown fox jumps over the lazy dog " * 3  # 27 tokens: 6 full blocks
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+
+            async def complete(**body: Any) -> dict[str, Any]:
+                response = await client.post("/v1/completions", json={"model": MODEL, **body})
+                assert response.status_code == 200, response.text
+                result: dict[str, Any] = response.json()
+                return result
+
+            first = await complete(prompt=prompt, max_tokens=5)
+            again = await complete(prompt=prompt, max_tokens=5)
+            ids = await complete(prompt=[1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=3)
+            batch = await complete(prompt=["a b c", "d e f g"], max_tokens=2, min_tokens=1)
+            id_batch = await complete(prompt=[[1, 2], [3, 4, 5]], max_tokens=1, ignore_eos=True)
+    assert first["usage"] == {
+        "prompt_tokens": 27,
+        "completion_tokens": 5,
+        "total_tokens": 32,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    # deterministic text; the repeat hits every full block but the one holding its last token
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    assert len(first["choices"][0]["text"].split()) == 5
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 24
+    assert first["choices"][0]["finish_reason"] == "length"
+    assert ids["usage"]["prompt_tokens"] == 9
+    assert [c["index"] for c in batch["choices"]] == [0, 1]
+    assert batch["usage"]["prompt_tokens"] == 3 + 4
+    assert batch["usage"]["completion_tokens"] == 4
+    assert id_batch["usage"]["completion_tokens"] == 2
+    assert state.leaked_blocks == 0
+
+
+async def test_openai_sdk_streams_concurrently_with_usage() -> None:
+    state = small_state(speedup_ratio=1.0, data_parallel_size=2)
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url:
+            client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            results: dict[int, tuple[str, Any]] = {}
+
+            async def chat(n: int) -> None:
+                stream = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"question number {n}"}],
+                    max_tokens=6,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                text, usage = "", None
+                async for chunk in stream:
+                    if chunk.choices:
+                        text += chunk.choices[0].delta.content or ""
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                results[n] = (text, usage)
+
+            async def complete(n: int) -> None:
+                stream = await client.completions.create(
+                    model=MODEL, prompt=f"prompt {n}", max_tokens=4, stream=True
+                )
+                text = "".join([chunk.choices[0].text async for chunk in stream])
+                results[100 + n] = (text, None)
+
+            async with anyio.create_task_group() as tasks:
+                for n in range(8):
+                    tasks.start_soon(chat, n)
+                    tasks.start_soon(complete, n)
+            plain = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "question number 0"}],
+                max_tokens=6,
+            )  # fmt: skip
+            await client.close()
+    assert len(results) == 16
+    for n in range(8):
+        text, usage = results[n]
+        assert len(text.split()) == 6
+        assert usage.completion_tokens == 6
+        assert usage.prompt_tokens_details.cached_tokens >= 0
+        assert len(results[100 + n][0].split()) == 4
+    # the same conversation gives the same text, streamed or not
+    assert plain.choices[0].message.content == results[0][0]
+    assert plain.usage is not None
+    assert plain.usage.prompt_tokens_details is not None
+    # both data-parallel ranks served some of the 16 concurrent requests
+    assert all(driver.engine is not None for driver in state.drivers)
+    assert all(d.engine.stats.completed > 0 for d in state.drivers if d.engine)
+    assert state.leaked_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        pytest.param(b'{"model": "kvpool-mock", "prompt": ', None, "malformed JSON", id="json"),
+        pytest.param(b'{"prompt": "x"}', None, "invalid request", id="no-model"),
+        pytest.param(b'{"model": "gpt-4", "prompt": "x"}', "model", "does not exist", id="model"),
+        pytest.param(
+            b'{"model": "kvpool-mock", "prompt": "x", "max_tokens": -1}',
+            "max_tokens",
+            "at least 1",
+            id="negative-max-tokens",
+        ),
+        pytest.param(
+            b'{"model": "kvpool-mock", "prompt": "x", "max_tokens": 4, "min_tokens": 5}',
+            "min_tokens",
+            "min_tokens",
+            id="min-above-max",
+        ),
+        pytest.param(
+            b'{"model": "kvpool-mock", "prompt": [1, 2], "max_tokens": 1024}',
+            "max_tokens",
+            "maximum context length is 1024",
+            id="larger-than-the-cache",
+        ),
+        pytest.param(b'{"model": "kvpool-mock", "prompt": ""}', "prompt", "empty", id="empty"),
+        pytest.param(
+            b'{"model": "kvpool-mock", "prompt": [1, "a"]}', "prompt", "prompt must", id="mixed"
+        ),
+        pytest.param(
+            b'{"model": "kvpool-mock", "prompt": [-1]}', "prompt", "token ids", id="negative-id"
+        ),
+    ],
+)
+async def test_bad_input_gets_400_with_openais_error_body(
+    body: bytes, param: str | None, fragment: str
+) -> None:
+    state = small_state()
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            response = await client.post(
+                "/v1/completions", content=body, headers={"content-type": "application/json"}
+            )
+            chat = await client.post("/v1/chat/completions", json={"model": "nope", "messages": []})
+            still_fine = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1}
+            )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert fragment in error["message"]
+    assert chat.status_code == 400
+    assert still_fine.status_code == 200  # a bad request leaves the server usable
+    assert state.leaked_blocks == 0
+
+
+async def test_metrics_use_vllms_names_and_agree_with_the_requests() -> None:
+    state = small_state(data_parallel_size=2)
+    prompt = "one two three four five six seven eight nine ten"  # 10 tokens
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            before = await metric_samples(client)
+            for _ in range(3):  # one at a time: least-loaded sends them all to rank 0
+                response = await client.post(
+                    "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 3}
+                )
+                assert response.status_code == 200
+            after = await metric_samples(client)
+            text = (await client.get("/metrics")).text
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:gpu_prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:cache_config_info",
+    ):
+        assert (name, "0") in before, name
+        assert (name, "1") in before, name
+    for histogram in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+    ):
+        assert after[(f"{histogram}_count", "0")] > 0, histogram
+    assert 'vllm:request_success_total{engine="0",finished_reason="length"' in text
+    assert after[("vllm:generation_tokens_total", "0")] == 9
+    assert after[("vllm:prompt_tokens_total", "0")] == 30
+    assert after[("vllm:time_to_first_token_seconds_count", "0")] == 3
+    assert after[("vllm:inter_token_latency_seconds_count", "0")] == 6
+    assert after[("vllm:e2e_request_latency_seconds_count", "0")] == 3
+    # queries count each admission's tokens; the repeats hit 8 of 10 (2 full blocks of 4)
+    assert after[("vllm:prefix_cache_queries_total", "0")] == 30
+    assert after[("vllm:prefix_cache_hits_total", "0")] == 16
+    assert after[("vllm:gpu_prefix_cache_hits_total", "0")] == 16
+    assert after[("vllm:num_requests_running", "0")] == 0
+    assert after[("vllm:kv_cache_usage_perc", "0")] == 0.0
+    assert after[("vllm:cache_config_info", "1")] == 1
+    assert after[("vllm:generation_tokens_total", "1")] == 0  # rank 1 had nothing to do
+
+
+async def test_a_client_disconnecting_mid_stream_aborts_and_frees_its_blocks() -> None:
+    state = small_state(speedup_ratio=1.0)
+    body = {"model": MODEL, "prompt": "a long answer please", "max_tokens": 500, "stream": True}
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                chunks = 0
+                async for line in response.aiter_lines():
+                    chunks += line.startswith("data: ")
+                    if chunks == 3:
+                        break  # leaving the block closes the connection mid-stream
+            driver = state.drivers[0]
+            engine = driver.engine
+            assert engine is not None
+            while engine.stats.aborted == 0:  # the driver notices at its next step
+                await anyio.sleep(0.01)
+            usage = await engine.final_usage()  # through the pool actor; checks invariants
+            assert usage.num_active == 0
+            assert not engine.has_work
+            assert engine.stats.completed == 0
+            assert driver.outstanding == 0
+    assert state.leaked_blocks == 0
+
+
+async def test_a_zmq_subscriber_sees_vllm_events_while_serving() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    publisher = ZmqEventPublisher(
+        endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", context=ctx
+    )
+    sub = ctx.socket(zmq.SUB)
+    sub.linger = 0
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(publisher.endpoint)
+    state = small_state(sinks=[publisher])
+    tokenizer = BuiltinTokenizer()
+    stored: list[BlockStored] = []
+    try:
+        with anyio.fail_after(GUARD_S):
+            async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+                n = 0
+                while not stored:  # PUB drops until the subscription lands: retry
+                    prompt = f"event probe {n} with enough words to fill blocks"
+                    n += 1
+                    response = await client.post(
+                        "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1}
+                    )
+                    assert response.status_code == 200
+                    await anyio.sleep(0.02)
+                    while sub.poll(0):
+                        _, _, payload = sub.recv_multipart()
+                        batch = decode_batch(payload)
+                        assert batch.data_parallel_rank == 0
+                        stored += [e for e in batch.events if isinstance(e, BlockStored)]
+    finally:
+        sub.close()
+        publisher.close()
+        ctx.term()
+    event = stored[0]
+    assert event.block_size == 4
+    assert len(event.token_ids) == 4 * len(event.block_hashes)
+    assert event.parent_block_hash is None
+    # the stored tokens are the prompt's, as the tokenizer produced them
+    probe = next(
+        f"event probe {k} with enough words to fill blocks"
+        for k in range(n)
+        if tokenizer.encode(f"event probe {k} with enough words to fill blocks")[:4]
+        == event.token_ids[:4]
+    )
+    assert tokenizer.encode(probe)[: len(event.token_ids)] == event.token_ids
+    assert math.isfinite(state.metrics.registry.get_sample_value(
+        "vllm:kv_cache_usage_perc", {"model_name": MODEL, "engine": "0"}
+    ) or 0.0)  # fmt: skip
