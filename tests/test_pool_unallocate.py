@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from kvpool import (
-    BlockError,
     BlockId,
+    BlockNotReferencedError,
     BlockPool,
     BlockSharedError,
     CapacityError,
@@ -264,7 +264,7 @@ BAD = {
     "copy referenced twice": Bad(
         lambda c: c.pool.unallocate(c.ids["shared"], c.reservations["s"]), BlockSharedError
     ),
-    "idle cached copy": Bad(lambda c: c.pool.unallocate(c.ids["idle 1"]), BlockError),
+    "idle cached copy": Bad(lambda c: c.pool.unallocate(c.ids["idle 1"]), BlockNotReferencedError),
 }
 
 

@@ -390,7 +390,8 @@ class BlockPool:
         pins 0); a cached one leaves the prefix cache too (a duplicate's siblings keep
         its hash resident). Its unit goes back to ``reservation`` as a fresh unit when
         one is given and still open, else to free capacity. Raises UnknownBlockError,
-        BlockSharedError, ForeignReservationError and ReservationClosedError.
+        BlockNotReferencedError (an idle copy: nothing to undo), BlockSharedError,
+        ForeignReservationError and ReservationClosedError.
         """
         copy = self._live(block_id)
         if reservation is not None:
@@ -398,6 +399,8 @@ class BlockPool:
                 _foreign(reservation)
             if reservation._closed:
                 _closed(reservation)
+        if not copy.holds:
+            _not_referenced(copy, 1)
         if copy.holds != 1:
             raise BlockSharedError(
                 f"block {copy.id} is held by more than its allocation "
