@@ -217,6 +217,8 @@ class Model:
             if reservation.closed:
                 raise ReservationClosedError(reservation)
         copy = self.copies[copy_id]
+        if (copy.refs, copy.pins) == (0, 0):
+            raise BlockNotReferencedError(copy_id)  # idle: no allocation's reference
         if (copy.refs, copy.pins) != (1, 0):
             raise BlockSharedError(copy_id)
         if copy.hash is not None:

@@ -271,15 +271,18 @@ class Actor:
             try:
                 reply = handler.handle(message)
             except PoolError as exc:
-                slot.set_exception(exc)
+                _fail(slot, exc)
                 continue
             except BaseException as exc:
                 self._crash(exc, slot)
                 return
             if reply is WAIT:
                 waiters.append((message, handler, slot))
-            else:
+                continue
+            try:
                 slot.set_result(reply)
+            except Exception:
+                self._undelivered(message, handler, slot, reply)
 
     def _handle_with_care(
         self, message: Any, handler: Handler[Any, Any], slot: ReplySlot | None
@@ -308,14 +311,14 @@ class Actor:
                 try:
                     reply = handler.handle(message)
                 except PoolError as exc:
-                    slot.set_exception(exc)
+                    _fail(slot, exc)
                     return
                 if handler.gives_back:
                     self._dirty = True
                 if reply is WAIT:
                     waiters.append((message, handler, slot))
                 else:
-                    slot.set_result(reply)
+                    self._deliver(message, handler, slot, reply)
         except BaseException as exc:
             self._crash(exc, slot)
             return
@@ -335,7 +338,7 @@ class Actor:
                 reply = handler.handle(message)
             except PoolError as exc:
                 waiters.popleft()
-                slot.set_exception(exc)
+                _fail(slot, exc)
                 continue
             except BaseException as exc:
                 self._crash(exc, None)
@@ -343,7 +346,26 @@ class Actor:
             if reply is WAIT:
                 return
             waiters.popleft()
+            self._deliver(message, handler, slot, reply)
+
+    def _deliver(
+        self, message: Any, handler: Handler[Any, Any], slot: ReplySlot, reply: Any
+    ) -> None:
+        try:
             slot.set_result(reply)
+        except Exception:
+            self._undelivered(message, handler, slot, reply)
+
+    def _undelivered(
+        self, message: Any, handler: Handler[Any, Any], slot: ReplySlot, reply: Any
+    ) -> None:
+        """``set_result`` failed: if the caller left during the turn (a signal handler
+        can cancel a task's future between any two bytecodes, e.g. asyncio's on Ctrl-C),
+        nobody will read the reply, so it is given back now; anything else is a bug."""
+        if not slot.cancelled():
+            raise
+        if handler.undo is not None:
+            handler.undo(message, reply)
 
     def _finish(self, _message: object = None) -> None:
         """Everything posted before the close was handled: fail the waiters."""
@@ -356,7 +378,7 @@ class Actor:
         while waiters:
             _message, _handler, slot = waiters.popleft()
             if not slot.cancelled():
-                slot.set_exception(PoolClosedError("the pool shut down before this request fit"))
+                _fail(slot, PoolClosedError("the pool shut down before this request fit"))
 
     def _crash(self, cause: BaseException, slot: ReplySlot | None) -> None:
         """A handler raised a bug: fail the current call, every queued call and every
@@ -376,8 +398,15 @@ class Actor:
                 slots.append(queued)
         for pending in slots:
             if not pending.cancelled():
-                pending.set_exception(self.gone_error())
+                _fail(pending, self.gone_error())
         if self._on_crash is not None:
             self._on_crash()
-        if not isinstance(cause, Exception):
-            raise cause  # KeyboardInterrupt and friends go on up, after the crash
+
+
+def _fail(slot: ReplySlot, error: BaseException) -> None:
+    """Deliver ``error``, unless the caller left meanwhile (see `Actor._undelivered`)."""
+    try:
+        slot.set_exception(error)
+    except Exception:
+        if not slot.cancelled():
+            raise

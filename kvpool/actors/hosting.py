@@ -3,8 +3,9 @@
 Neither context manager raises an exception group of its own. An exception from the
 body propagates unchanged. If the actor crashes, the body is cancelled (as a failing
 child cancels a task group) and the block raises `PoolCrashedError` whose ``__cause__``
-is the bug; if the body itself raised something other than a cancellation meanwhile,
-that exception wins.
+is the bug (a KeyboardInterrupt or SystemExit raised inside a handler is re-raised as
+it is); if the body itself raised something other than a cancellation meanwhile, that
+exception wins.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ async def open_actor(handlers: Mapping[type[Any], Handler[Any, Any]]) -> AsyncIt
     if actor.status is Status.CRASHED and (
         body_error is None or isinstance(body_error, anyio.get_cancelled_exc_class())
     ):
+        cause = actor.crash_cause
+        if cause is not None and not isinstance(cause, Exception):
+            raise cause  # KeyboardInterrupt in a handler: the host is interrupted too
         raise actor.gone_error()
     if body_error is not None:
         raise body_error
