@@ -338,6 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="R",
         help="simulated seconds per wall second; 0 = as fast as possible (default: 0)",
     )
+    cluster.add_argument(
+        "--fast-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="jump over the steps in which running requests only decode (no arrival, "
+        "block boundary, finish or preemption) in closed form; the results are identical "
+        "to stepping one step at a time (--no-fast-forward) (default: on)",
+    )
     add_event_flags(cluster)
     cluster.add_argument(
         "--kv-backend",
@@ -790,6 +798,7 @@ def _run(
             workers=args.workers,
             dispatch=args.dispatch,
             speedup_ratio=args.speedup_ratio,
+            fast_forward=args.fast_forward,
             sinks=sinks,
             on_progress=progress,
             workload=workload,

@@ -62,6 +62,7 @@ when submitted. Everything here is deterministic: same requests, same run.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -251,6 +252,14 @@ class MockEngine:
             preempted=self._preempted,
             finished=finished,
         )
+
+    async def fast_forward(self, until: float = math.inf) -> int:
+        """Take, in closed form, the pure decode steps that start before ``until``; return
+        how many (0: the next step is not one, `step` it).
+
+        Not yet implemented: always 0.
+        """
+        return 0
 
     async def run_until_idle(self) -> None:
         """Step until every submitted request has finished."""

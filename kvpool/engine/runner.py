@@ -62,6 +62,7 @@ async def run_simulation(
     workers: int = 1,
     dispatch: Dispatch = "least-loaded",
     speedup_ratio: float = 0.0,
+    fast_forward: bool = True,
     kv_factory: KvFactory = open_local_kv,
     sinks: Sequence[EventSink | None] | None = None,
     on_progress: ProgressCallback | None = None,
@@ -73,7 +74,8 @@ async def run_simulation(
 
     Every engine's pool is checked (invariants, active blocks) before it is closed; the
     report carries the result. ``sinks[rank]`` receives that engine's event batches;
-    ``wrap_kv`` (e.g. `TimedKvClient`) wraps each client. Event batches' ``ts`` is
+    ``wrap_kv`` (e.g. `TimedKvClient`) wraps each client; ``fast_forward`` is
+    `Simulation`'s. Event batches' ``ts`` is
     wall-clock time when paced (``speedup_ratio > 0``); at full speed it is the run's
     start time plus simulated seconds. Raises `InvalidArgumentError`
     for a bad argument and whatever a KV client raises.
@@ -99,6 +101,7 @@ async def run_simulation(
             requests,
             dispatch=dispatch,
             speedup_ratio=speedup_ratio,
+            fast_forward=fast_forward,
             on_progress=on_progress,
         )
         wall_s = await simulation.run()
