@@ -271,10 +271,10 @@ class MockEngine:
         jump computes them in closed form: each step's duration from the timing model
         (once, when it cannot vary within the stretch), the clock added step by step (so
         it is bit for bit the clock of single steps), one inter-token gap per step
-        counted for all running requests, the generated tokens held back until a call
-        needs them (they are known: each request's output is a pure function of its
-        spec). Stats, samples, records and event batches come out exactly as `step`
-        would make them: nothing is published, since nothing changed.
+        counted for all running requests, and each request's counts moved (its tokens
+        reach the manager when a call needs them, as after single steps). Stats,
+        samples, records and event batches come out exactly as `step` would make them:
+        nothing is published, since nothing changed.
         """
         running = self.running
         clock = self.clock
@@ -356,7 +356,6 @@ class MockEngine:
             request.num_output = output + taken
             request.num_tokens += taken
             request.num_computed += taken
-            request.pending.extend(request.spec.output.tokens(output, output + taken))
             request.last_token_s = clock
         stats.record_sample(
             first_end,
@@ -398,7 +397,7 @@ class MockEngine:
             fits = -(-target // bs) <= request.num_blocks and not (
                 caching and target // bs > request.num_computed // bs
             )
-            if not fits and request.pending:
+            if not fits and request.has_pending:
                 await self._flush(request)
             while not fits:
                 allocation = await kv.allocate(request.request_id, target, cache=True)
@@ -483,12 +482,10 @@ class MockEngine:
 
     async def _flush(self, request: EngineRequest) -> None:
         """Hand the request's pending generated tokens to the manager."""
-        pending = request.pending
-        request.pending = []
-        await self.kv.append_tokens(request.request_id, pending)
+        await self.kv.append_tokens(request.request_id, request.take_pending())
 
     async def _preempt(self, request: EngineRequest) -> None:
-        if request.pending:
+        if request.has_pending:
             await self._flush(request)
         await self.kv.preempt(request.request_id)
         request.num_computed = 0
@@ -557,19 +554,17 @@ class MockEngine:
                 stats.record_itl(now - request.last_token_s)
             request.last_token_s = now
             spec = request.spec
-            token = spec.output.token(request.num_output)
             request.num_output += 1
             stats.generated_tokens += 1
             if request.num_output < spec.output_length:
                 request.num_tokens += 1
-                request.pending.append(token)  # the manager gets it when a call needs it
                 # Next step decodes this token: if that grows the table or fills a block
                 # (an allocation), hand the tokens over in this step's batch now, so
                 # that allocation needs no call of its own to send them.
                 n = request.num_tokens
                 if -(-n // bs) > request.num_blocks or (caching and n % bs == 0):
-                    updates.append(StepUpdate(request.request_id, request.pending, -1, False))
-                    request.pending = []
+                    pending = request.take_pending()
+                    updates.append(StepUpdate(request.request_id, pending, -1, False))
                 continue
             # finished: the last token is never computed, so it never reaches the manager
             updates.append(StepUpdate(request.request_id, [], -1, True))
