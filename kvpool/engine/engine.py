@@ -53,7 +53,9 @@ last block in their first step. The corner cases, as vLLM 0.33 decides them:
 Generated tokens reach the manager lazily, before a call that needs them (an allocation,
 a block filling, a preemption): a partial block has no hash, so the manager loses
 nothing by waiting, and a decode step that neither grows the table nor fills a block
-costs no call of its own.
+costs no call of its own. A run of such steps, with nobody arriving, finishing or
+admitted, changes nothing but the clock and the counts: `MockEngine.fast_forward` takes
+it in one jump, with results identical to single steps.
 
 A request that could never run - more blocks than the pool holds for its prompt plus its
 output, or, with chunked prefill off, more tokens than one step's budget - is rejected
