@@ -67,6 +67,23 @@ def snapshot(manager: KvManager) -> tuple[object, ...]:
     )
 
 
+def same_state(one: KvManager, two: KvManager) -> bool:
+    """Two managers over different pools agree on everything but the block ids (a
+    pool's own): counts, each request's table length, tokens and computed count."""
+    first, second = snapshot(one), snapshot(two)
+
+    def sized(tables: Any) -> dict[str, tuple[int, int, int]]:
+        return {rid: (len(ids), n, computed) for rid, (ids, n, computed) in tables.items()}
+
+    return (
+        first[:3] == second[:3]
+        and sized(first[3]) == sized(second[3])
+        and first[4:] == second[4:]
+        and [one.num_tokens(r) for r in one] == [two.num_tokens(r) for r in two]
+        and [one.prefill_cost(r) for r in one] == [two.prefill_cost(r) for r in two]
+    )
+
+
 # ------------------------------------------------------------------ the watermark
 
 
@@ -413,6 +430,10 @@ def _misuse_manager() -> KvManager:
         (lambda m: m.add_request(["x"], [1]), InvalidArgumentError),
         (lambda m: m.append_tokens("a", [2**32]), InvalidArgumentError),
         (lambda m: m.allocate(["a"], 1), InvalidArgumentError),
+        (lambda m: m.allocate("b", 7, new_tokens=[1]), TokenCountError),
+        (lambda m: m.allocate("b", 6, new_tokens=[2**32]), InvalidArgumentError),
+        (lambda m: m.allocate("b", 6, new_tokens="x"), InvalidArgumentError),
+        (lambda m: m.allocate("b", 17 * 4 + 1, new_tokens=range(64)), CapacityError),
     ],
 )
 def test_misuse_raises_a_typed_error_and_changes_nothing(call: Any, error: type[PoolError]) -> None:
@@ -604,3 +625,36 @@ def test_restored_events_come_back_ahead_of_newer_ones() -> None:
     manager.restore_events(newer)
     manager.restore_events(taken)
     assert manager.take_events() == taken + newer
+
+
+def test_new_tokens_on_an_allocation_are_appending_them_first() -> None:
+    """allocate(..., new_tokens=t) leaves the manager exactly as append_tokens(t) then
+    allocate would: tokens, hashes, table, visible blocks, events."""
+    one, two = make(), make()
+    for manager in (one, two):
+        run(manager, "a", list(range(15)))
+    two.append_tokens("a", [100, 101, 102])
+    expected = two.allocate("a", 17, cache=True)
+    got = one.allocate("a", 17, cache=True, new_tokens=[100, 101, 102])
+    assert got is not None
+    assert expected is not None
+    assert (len(got.block_ids), got.cached_blocks, got.removed) == (
+        len(expected.block_ids),
+        expected.cached_blocks,
+        expected.removed,
+    )
+    assert same_state(one, two)
+    assert one.take_events() == two.take_events()
+
+
+def test_new_tokens_stay_appended_when_the_blocks_do_not_fit() -> None:
+    """An allocation that does not fit changes nothing but the tokens it carried, as
+    append_tokens then a refused allocate would."""
+    one, two = make(capacity=2), make(capacity=2)
+    for manager in (one, two):
+        run(manager, "a", list(range(4)))
+        run(manager, "b", list(range(50, 54)))
+    two.append_tokens("a", [7])
+    assert two.allocate("a", 5) is None
+    assert one.allocate("a", 5, new_tokens=[7]) is None
+    assert same_state(one, two)

@@ -142,6 +142,26 @@ async def test_calls_after_the_block_raise_pool_closed() -> None:
 
 
 @pytest.mark.anyio
+async def test_new_tokens_ride_on_an_allocation_but_not_on_a_waiting_one() -> None:
+    """The tokens an allocation carries are appended in its turn; a waiting allocation
+    (retried until it fits) refuses them with a typed error and changes nothing."""
+    async with open_manager(4, BS) as kv:
+        await kv.add_request("a", list(range(6)))
+        assert await kv.allocate("a", 6) is not None
+        before = await kv.usage()
+        with pytest.raises(InvalidArgumentError, match="waiting"):
+            await kv.allocate("a", 8, wait=True, new_tokens=[6, 7])
+        assert await kv.usage() == before
+        with pytest.raises(TokenCountError):  # the refused call appended nothing
+            await kv.allocate("a", 7)
+        allocation = await kv.allocate("a", 8, cache=True, new_tokens=[6, 7])
+        assert allocation is not None
+        assert len(allocation.block_ids) == 0  # 8 tokens fit the 2 blocks it holds
+        events = await kv.take_events()
+        assert [len(e.block_hashes) for e in events] == [2]  # both blocks now full
+
+
+@pytest.mark.anyio
 async def test_a_waiting_allocation_is_granted_when_a_free_makes_room() -> None:
     async with open_manager(4, BS) as kv, anyio.create_task_group() as tg:
         await kv.add_request("a", list(range(16)))

@@ -385,12 +385,15 @@ class MockEngine:
             request = running[i]
             num_new = min(request.num_tokens - request.num_computed, budget)
             target = request.num_computed + num_new
-            if request.has_pending:
-                await self._flush(request)
+            # the tokens generated since the manager last heard ride on the allocation
+            pending = request.take_pending() if request.has_pending else ()
             fits = False
             while not fits:
                 self._dirty = True
-                allocation = await kv.allocate(request.request_id, target, cache=True)
+                allocation = await kv.allocate(
+                    request.request_id, target, cache=True, new_tokens=pending
+                )
+                pending = ()
                 if allocation is not None:
                     self._num_active += len(allocation.block_ids)  # fresh blocks only
                     request.num_blocks += len(allocation.block_ids)

@@ -74,11 +74,17 @@ class KvClient(Protocol):
         ...
 
     async def allocate(
-        self, request_id: str, num_tokens: int, *, cache: bool = False
+        self,
+        request_id: str,
+        num_tokens: int,
+        *,
+        cache: bool = False,
+        new_tokens: Sequence[int] = (),
     ) -> Allocation | None:
         """Grow the table to hold ``num_tokens``; return the `Allocation`, or None when
-        it does not fit (nothing changed). With ``cache``, also mark ``num_tokens``
-        computed, making the full blocks they cover visible (vLLM's ``allocate_slots``).
+        it does not fit (nothing changed but ``new_tokens``, appended first). With
+        ``cache``, also mark ``num_tokens`` computed, making the full blocks they cover
+        visible (vLLM's ``allocate_slots``).
 
         Raises `UnknownRequestError`, `TokenCountError`, `CapacityError`.
         """
@@ -178,9 +184,14 @@ class LocalKvClient:
         return self._manager.prefill_cost(request_id)
 
     async def allocate(
-        self, request_id: str, num_tokens: int, *, cache: bool = False
+        self,
+        request_id: str,
+        num_tokens: int,
+        *,
+        cache: bool = False,
+        new_tokens: Sequence[int] = (),
     ) -> Allocation | None:
-        return self._manager.allocate(request_id, num_tokens, cache=cache)
+        return self._manager.allocate(request_id, num_tokens, cache=cache, new_tokens=new_tokens)
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         self._manager.mark_computed(request_id, num_computed_tokens)
@@ -240,9 +251,16 @@ class TimedKvClient:
         return await self._timed(self._inner.prefill_cost(request_id))
 
     async def allocate(
-        self, request_id: str, num_tokens: int, *, cache: bool = False
+        self,
+        request_id: str,
+        num_tokens: int,
+        *,
+        cache: bool = False,
+        new_tokens: Sequence[int] = (),
     ) -> Allocation | None:
-        return await self._timed(self._inner.allocate(request_id, num_tokens, cache=cache))
+        return await self._timed(
+            self._inner.allocate(request_id, num_tokens, cache=cache, new_tokens=new_tokens)
+        )
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         await self._timed(self._inner.mark_computed(request_id, num_computed_tokens))

@@ -104,19 +104,26 @@ class ManagerClient:
         return reply.cost
 
     async def allocate(
-        self, request_id: str, num_tokens: int, *, wait: bool = False, cache: bool = False
+        self,
+        request_id: str,
+        num_tokens: int,
+        *,
+        wait: bool = False,
+        cache: bool = False,
+        new_tokens: Sequence[int] = (),
     ) -> Allocation | None:
         """Grow the request's table to hold ``num_tokens``; return the `Allocation`.
 
-        Returns None when it does not fit now (nothing changed), unless ``wait``: then
-        the call queues FIFO behind earlier waiters and returns once it fits. With
-        ``cache``, the allocated tokens are also marked computed, making the full blocks
-        they cover visible (`KvManager.allocate`). Raises
+        Returns None when it does not fit now (nothing changed but ``new_tokens``
+        appended), unless ``wait``: then the call queues FIFO behind earlier waiters and
+        returns once it fits. With ``cache``, the allocated tokens are also marked
+        computed, making the full blocks they cover visible; ``new_tokens`` are appended
+        first, in the same turn (`KvManager.allocate`; not with ``wait``). Raises
         `UnknownRequestError`, `TokenCountError`, `InvalidArgumentError`, and
         `CapacityError` when it could never fit.
         """
         reply: AllocationReply = await self._call(
-            AllocateSlots(request_id, num_tokens, wait, cache)
+            AllocateSlots(request_id, num_tokens, wait, cache, new_tokens)  # type: ignore[arg-type]
         )
         return reply.allocation
 

@@ -13,7 +13,8 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
   their caller left; an unread `FinishStep` reply's events are put back.
-- `AppendTokens` and `MarkComputed` took effect if the actor reached them (the computed
+- `AppendTokens`, `MarkComputed` and an `AllocateSlots`' ``new_tokens`` took effect if
+  the actor reached them (the computed
   count is a watermark, so re-sending it is harmless).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpool.actors import WAIT, Handler, Wait
+from kvpool.errors import InvalidArgumentError
 from kvpool.manager.kv_manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
@@ -72,8 +74,15 @@ class ManagerHandlers:
         }
 
     def allocate(self, message: AllocateSlots) -> AllocationReply | Wait:
+        if message.new_tokens and message.wait:
+            raise InvalidArgumentError(
+                "new_tokens cannot ride on a waiting allocation (it is retried): append them first"
+            )
         allocation = self.manager.allocate(
-            message.request_id, message.num_tokens, cache=message.cache
+            message.request_id,
+            message.num_tokens,
+            cache=message.cache,
+            new_tokens=message.new_tokens,
         )
         if allocation is None:
             return WAIT if message.wait else _NO_ROOM

@@ -202,9 +202,18 @@ class KvManager:
         return PrefillCost(cached, active, max(0, needed - cached))
 
     def allocate(
-        self, request_id: str, num_tokens: int, *, cache: bool = False
+        self,
+        request_id: str,
+        num_tokens: int,
+        *,
+        cache: bool = False,
+        new_tokens: Sequence[int] = (),
     ) -> Allocation | None:
         """Grow the request's table to hold ``num_tokens`` tokens.
+
+        ``new_tokens`` are appended first, as `append_tokens` would (a scheduler hands
+        over the tokens generated since its last call with the allocation that needs
+        them); they stay appended when the blocks do not fit (None).
 
         The first allocation (empty table) also reuses the resident cached prefix; the
         table then holds ``max(prefix, ceil(num_tokens / block_size))`` blocks and the
@@ -220,32 +229,38 @@ class KvManager:
         Returns the `Allocation`, or None when the blocks do not fit even after evicting
         every evictable inactive block (nothing changed, no event queued). Raises
         `UnknownRequestError`, `InvalidArgumentError` for a bad count, `TokenCountError`
-        when ``num_tokens`` exceeds the request's tokens, and `CapacityError` when the
-        table would need more blocks than the whole pool holds (it can never fit).
+        when ``num_tokens`` exceeds the request's tokens (``new_tokens`` included), and
+        `CapacityError` when the table would need more blocks than the whole pool holds
+        (it can never fit); every error is raised before anything changes.
         """
         state = self._get(request_id)
         if type(num_tokens) is not int or num_tokens < 0:
             check_count(num_tokens, "num_tokens")
         if type(cache) is not bool:
             raise InvalidArgumentError(f"cache must be a bool, got {cache!r}")
-        if num_tokens > len(state.tokens):
+        appended = check_tokens(new_tokens) if new_tokens != () else None
+        total = len(state.tokens) + (len(appended) if appended is not None else 0)
+        if num_tokens > total:
             raise TokenCountError(
-                f"request {request_id!r} has {len(state.tokens)} tokens; "
-                f"cannot allocate for {num_tokens}"
+                f"request {request_id!r} has {total} tokens; cannot allocate for {num_tokens}"
             )
-        table = state.table
         needed = -(-num_tokens // self._block_size)
+        # A reused prefix is resident, so it never outgrows the pool: checked here, this
+        # is the only way the table can, and nothing has changed yet.
+        if needed > self._pool.capacity:
+            raise CapacityError(
+                f"request {request_id!r} needs {needed} blocks; the pool holds "
+                f"{self._pool.capacity}"
+            )
+        if appended is not None:
+            state.extend(appended)
+        table = state.table
         if table and needed <= len(table):  # the common decode step: nothing to add
             if cache:
                 self._advance(state, num_tokens)
             return Allocation([], 0, [])
         prefix = [] if table else self._prefix_of(state)
         needed = max(len(prefix), needed)
-        if needed > self._pool.capacity:
-            raise CapacityError(
-                f"request {request_id!r} needs {needed} blocks; the pool holds "
-                f"{self._pool.capacity}"
-            )
         fresh = needed - len(table) - len(prefix)
         if fresh <= 0 and not prefix:  # an empty table asked for 0 tokens: nothing to do
             return Allocation([], 0, [])

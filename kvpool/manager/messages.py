@@ -43,12 +43,14 @@ class AllocateSlots(msgspec.Struct, frozen=True, gc=False, tag=True):
     With ``wait`` a request that does not fit yet joins the actor's FIFO of waiters and
     is granted once capacity allows, instead of getting None. With ``cache`` the
     allocated tokens are also marked computed (vLLM's ``allocate_slots``).
+    ``new_tokens`` are appended first (not with ``wait``: a waiter is retried).
     """
 
     request_id: str
     num_tokens: int
     wait: bool = False
     cache: bool = False
+    new_tokens: list[int] = []
 
 
 class MarkComputed(msgspec.Struct, frozen=True, gc=False, tag=True):
