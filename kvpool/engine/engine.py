@@ -144,6 +144,11 @@ class MockEngine:
         # the admission check never reads it stale) until it is re-read after the
         # schedule, so the timing model sees the pool after the step's allocations.
         self._num_active = -1
+        # Whether a KV call since the last `finish_step` may have queued an event or
+        # moved the usage or the counters (an allocation, a preemption, an admission or
+        # an abort). A step with no update to send and nothing dirty skips the call:
+        # it would drain nothing and read what the engine already knows.
+        self._dirty = True
 
     def __repr__(self) -> str:
         return (
@@ -209,6 +214,7 @@ class MockEngine:
             stats.requests.append(EngineRequest(spec, arrived).record(self.rank, rejected=True))
             return False
         await self.kv.add_request(spec.request_id, spec.prompt_token_ids())
+        self._dirty = True
         stats.submitted += 1
         self.waiting.append(EngineRequest(spec, arrived))
         return True
@@ -226,6 +232,7 @@ class MockEngine:
             for index, request in enumerate(queue):
                 if request.request_id == request_id:
                     del queue[index]
+                    self._dirty = True
                     await self.kv.free(request_id)
                     self.stats.aborted += 1
                     if self._num_active >= 0:  # keep the admission check's count exact
@@ -382,6 +389,7 @@ class MockEngine:
                 await self._flush(request)
             fits = False
             while not fits:
+                self._dirty = True
                 allocation = await kv.allocate(request.request_id, target, cache=True)
                 if allocation is not None:
                     self._num_active += len(allocation.block_ids)  # fresh blocks only
@@ -412,6 +420,7 @@ class MockEngine:
             if admission is None:
                 break
             cached, num_new, fresh, inactive_cached = admission
+            self._dirty = True
             allocation = await kv.allocate(request.request_id, cached + num_new, cache=True)
             if allocation is None:
                 break
@@ -467,6 +476,7 @@ class MockEngine:
         await self.kv.append_tokens(request.request_id, request.take_pending())
 
     async def _preempt(self, request: EngineRequest) -> None:
+        self._dirty = True
         if request.has_pending:
             await self._flush(request)
         await self.kv.preempt(request.request_id)
@@ -496,7 +506,18 @@ class MockEngine:
         if finished:
             self.running = [r for r in self.running if r.finish_s is None]
 
+        if not updates and not self._dirty:
+            # nothing to tell the manager, and it has nothing new to tell: the usage
+            # and the counters are what the last call read
+            stats.record_sample(
+                now,
+                self._num_active / self.config.num_gpu_blocks,
+                stats.prefix_query_tokens,
+                stats.prefix_hit_tokens,
+            )
+            return duration, finished
         outcome = await kv.finish_step(updates)
+        self._dirty = False
         if outcome.events:
             stats.event_batches += 1
             if self.sink is not None:
