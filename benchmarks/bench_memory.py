@@ -22,8 +22,8 @@ included) and the run's own wall time from its JSON report. Target (issue 11): p
 under 500 MB (10^6 bytes).
 
 ``--breakdown`` runs the same simulation in this process instead and prints what holds
-the memory when the run ends (each engine's per-step samples, latency samples and
-request records: deep sizes, per request and scaled to 120,000 requests) and what
+the memory when the run ends (each `EngineStats` container: per-step samples, latency
+samples, request records; deep sizes, per request and scaled to 120,000 requests) and what
 building the report adds (`tracemalloc` around `build_report`); ``--tracemalloc`` traces
 the whole run too and lists the largest allocation sites (several times slower: use a
 smaller trace, e.g. ``--sessions 6700``, about 20,000 requests).
@@ -32,6 +32,7 @@ smaller trace, e.g. ``--sessions 6700``, about 20,000 requests).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -43,6 +44,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -257,10 +259,10 @@ def breakdown(
         f"  building the report allocates up to {(peak - held) / MB:.1f} MB more than the run "
         f"holds (x{scale:.1f}: {(peak - held) * scale / MB:.0f} MB)"
     )
-    print("  held at the end of the run by each engine's stats (deep sizes):")
+    print("  held at the end of the run by the engines' stats (deep sizes):")
     for name, size in stats_sizes(run):
         print(
-            f"    {name:32s} {size / MB:8.1f} MB {size / requests:9.0f} B/request "
+            f"    {name:16s} {size / MB:8.1f} MB {size / requests:9.0f} B/request "
             f"(x{scale:.1f}: {size * scale / MB:5.0f} MB)"
         )
     if snapshot is not None:
@@ -279,17 +281,13 @@ def peak_rss(who: int) -> int:
 
 
 def stats_sizes(run: Any) -> Iterator[tuple[str, int]]:
-    """Deep sizes of the `EngineStats` fields that grow with the run, summed over engines."""
-    groups = {
-        "per-step samples (4 lists)": ("sample_times", "usage", "query_samples", "hit_samples"),
-        "ITL samples (array of doubles)": ("itl_s",),
-        "TTFT, latency, TPOT samples": ("ttft_s", "latency_s", "tpot_s"),
-        "request records": ("requests",),
-    }
-    for label, names in groups.items():
-        size = sum(deep_size(getattr(e.stats, n)) for e in run.engines for n in names)
-        yield label, size
-    yield "the report", deep_size(run.report)
+    """Deep sizes of the `EngineStats` fields that grow with the run (its containers:
+    samples and records), each summed over the engines; then the report's."""
+    first = run.engines[0].stats
+    for field in dataclasses.fields(first):
+        if isinstance(getattr(first, field.name), list | dict | array):
+            yield field.name, sum(deep_size(getattr(e.stats, field.name)) for e in run.engines)
+    yield "(the report)", deep_size(run.report)
 
 
 def main() -> None:
