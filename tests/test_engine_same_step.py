@@ -65,7 +65,7 @@ async def test_two_identical_prompts_share_all_but_the_last_block_in_their_first
         assert engine.stats.prefix_hit_tokens == 63 * 16 == 1008
         assert engine.stats.prefill_tokens == 1024 + 16 == 1040
         # Both sampled their first token in that step: equal TTFT.
-        assert engine.stats.ttft_s == [first.clock, first.clock]
+        assert list(engine.stats.ttft_s) == [first.clock, first.clock]
         # The step's batch stores a's 64 blocks once; b's copy of the 64th is a duplicate.
         prompt = same_prompt("a", 7, 1024, 4).prompt_token_ids()
         assert stored_hashes(collector, 0) == block_hashes(prompt, 16)

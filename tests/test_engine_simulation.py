@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from array import array
+from collections import Counter
 from typing import ClassVar
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvpool.engine import (
     Dispatch,
@@ -17,7 +21,7 @@ from kvpool.engine import (
     TimingModel,
     format_report,
 )
-from kvpool.engine.report import worker_report
+from kvpool.engine.report import Distribution, worker_report
 from kvpool.engine.runner import open_local_kv, run_simulation
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventCollector
@@ -184,8 +188,9 @@ async def test_kv_usage_is_weighted_by_simulated_time_idle_stretches_included() 
     requests = [spec("early", 10, 3, 0.0), spec("late", 10, 3, 100.0)]
     run = await run_simulation(requests, config)
     # each request holds 1 of 64 blocks for two 10 ms steps, then frees it; in between
-    # the cache sits idle at 0 for almost 100 s: four of six samples, 0.04% of the time
-    assert run.engines[0].stats.usage == pytest.approx([1 / 64, 1 / 64, 0.0] * 2)
+    # the cache sits idle at 0 for almost 100 s. A step that leaves the usage as it was
+    # stores no sample: [1/64, (1/64), 0] per request, 0.04% of the time at 1/64
+    assert list(run.engines[0].stats.usage) == pytest.approx([1 / 64, 0.0] * 2)
     usage = run.report.total.kv_usage
     assert usage.max == pytest.approx(1 / 64)
     assert usage.p50 == usage.p99 == 0.0
@@ -193,7 +198,7 @@ async def test_kv_usage_is_weighted_by_simulated_time_idle_stretches_included() 
 
 
 def test_a_worker_that_finished_early_is_idle_until_the_end_of_the_run() -> None:
-    stats = EngineStats(sample_times=[1.0, 2.0], usage=[0.5, 0.0])
+    stats = EngineStats(sample_times=array("d", [1.0, 2.0]), usage=array("d", [0.5, 0.0]))
     final = [KvUsage(0, 0, 64)]
     alone = worker_report(0, [stats], 2.0, final)
     assert alone.kv_usage.mean == pytest.approx(0.5)  # 0.5 from 1 s to 2 s, then the end
@@ -226,7 +231,7 @@ async def test_latencies_are_vllm_bench_serves_hand_computed() -> None:
     assert total.latency_s.p50 == pytest.approx(0.03)
     assert total.output_tokens_per_s == pytest.approx(8 / 1.04)
     stats = run.engines[0].stats
-    assert len(stats.itl_s) == 5
+    assert sum(stats.itl_counts.values()) == 5
     assert len(stats.tpot_s) == 2
     records = {r.request_id: r for r in stats.requests}
     b = records["b"]
@@ -250,8 +255,9 @@ async def test_tpot_and_itl_weigh_differently_as_vllm_defines_them() -> None:
         [spec("s", 10, 3, 0.0)], EngineConfig(num_gpu_blocks=64, timing=slow_timing)
     )
     stats = EngineStats(
-        tpot_s=[*fast.engines[0].stats.tpot_s, *slow.engines[0].stats.tpot_s],
-        itl_s=fast.engines[0].stats.itl_s + slow.engines[0].stats.itl_s,
+        tpot_s=fast.engines[0].stats.tpot_s + slow.engines[0].stats.tpot_s,
+        itl_counts=Counter(fast.engines[0].stats.itl_counts)
+        + Counter(slow.engines[0].stats.itl_counts),
     )
     report = worker_report(None, [stats], 1.0, [KvUsage(0, 0, 64)])
     assert report.tpot_s.mean == pytest.approx((0.01 + 0.05) / 2)
@@ -363,3 +369,19 @@ async def test_least_loaded_dispatch_picks_the_fewest_outstanding_lowest_rank() 
     await Simulation(LoadCheckingEngine.cluster, requests, dispatch="least-loaded").run()
     assert sum(e.stats.submitted for e in LoadCheckingEngine.cluster) == 1000
     assert all(e.stats.submitted > 0 for e in LoadCheckingEngine.cluster)  # all had a turn
+
+
+@given(
+    st.dictionaries(
+        st.floats(min_value=0.0, max_value=10.0, allow_nan=False, allow_subnormal=False),
+        st.integers(min_value=1, max_value=40),
+        max_size=12,
+    )
+)
+def test_a_counted_distribution_is_exactly_that_of_its_expanded_values(
+    counts: dict[float, int],
+) -> None:
+    """ITL samples are kept as value -> count; their summary must be bit for bit the
+    summary of the values one by one (mean, interpolated percentiles, max)."""
+    expanded = [value for value, count in counts.items() for _ in range(count)]
+    assert Distribution.of_counts(counts) == Distribution.of(expanded)

@@ -1,7 +1,8 @@
 """A vLLM v1-style mock engine over the KV manager, and a multi-engine simulation.
 
 `MockEngine` schedules requests through one pool (see `kvpool.engine.engine` for the
-rules), `Simulation` runs several engines on a workload in simulated time,
+rules) and jumps over decode-only steps (`MockEngine.fast_forward`), `Simulation` runs
+several engines on a workload in simulated time,
 `run_simulation` opens one KV client per engine (a manager actor each, `open_actor_kv`,
 or an inline manager, `open_local_kv`), runs, and returns the `Report`.
 """

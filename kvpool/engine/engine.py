@@ -64,26 +64,31 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 
-from kvpool.engine.config import EngineConfig
+import msgspec
+
+from kvpool.engine.config import EngineConfig, TimingModel
 from kvpool.engine.kv_client import KvClient, KvUsage
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
-from kvpool.engine.timing import StepWork
+from kvpool.engine.timing import DynamoTiming, StepWork
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEventBatch
 from kvpool.manager import StepUpdate
 from kvpool.workloads import RequestSpec
 
+_CONTEXT_FREE_TIMING = (TimingModel, DynamoTiming)
+"""Timing models whose step time, in a run of pure decode steps, is the same every step
+(they read no ``context_tokens``): `MockEngine.fast_forward` asks them once."""
 
-@dataclass(frozen=True, slots=True)
-class StepResult:
+
+class StepResult(msgspec.Struct, frozen=True):
     """One step: the clock after it, its duration, and what happened to which request.
 
     ``scheduled`` maps request ids to the tokens computed for them (in schedule order);
     ``preempted`` lists this step's victims in preemption order; ``finished`` the
-    requests that produced their last token.
+    requests that produced their last token. (A msgspec Struct: one per step, cheap to
+    build.)
     """
 
     clock: float
@@ -254,12 +259,112 @@ class MockEngine:
         )
 
     async def fast_forward(self, until: float = math.inf) -> int:
-        """Take, in closed form, the pure decode steps that start before ``until``; return
-        how many (0: the next step is not one, `step` it).
+        """Take at once the pure decode steps that start before ``until``; return how
+        many (0: the next step is not one, or does not start before ``until``: `step`).
 
-        Not yet implemented: always 0.
+        A step is *pure* when every running request decodes one token and none of them
+        needs the KV manager or leaves: none reaches a block boundary (its table must
+        grow, or with prefix caching a block fills and turns visible), none samples its
+        last token, every running request fits the token budget, and the waiting queue
+        admits nobody. Such a step changes no block, so the pool, the KV usage, the
+        admission check's answer and every counter but the clock's and the tokens' stay
+        as they were, and so do the next steps until one of those things happens. The
+        jump computes them in closed form: each step's duration from the timing model
+        (once, when it cannot vary within the stretch), the clock added step by step (so
+        it is bit for bit the clock of single steps), one inter-token gap per step
+        counted for all running requests, and each request's counts moved (its tokens
+        reach the manager when a call needs them, as after single steps). Stats,
+        samples, records and event batches come out exactly as `step` would make them:
+        nothing is published, since nothing changed.
         """
-        return 0
+        running = self.running
+        clock = self.clock
+        if not running or self._num_active < 0 or not clock < until:
+            return 0
+        config = self.config
+        bs = config.block_size
+        caching = config.enable_prefix_caching
+        n = len(running)
+        budget = config.max_num_batched_tokens - n
+        if budget < 0:
+            return 0  # not every running request is scheduled
+        steps = -1
+        context = 0
+        for request in running:
+            tokens = request.num_tokens
+            if not request.num_output or request.num_computed + 1 != tokens:
+                return 0  # not decoding (a prefill chunk, or recomputing)
+            # Pure steps left: before the one that samples its last token; before the one
+            # whose token outgrows the table; with caching, before the one filling a block.
+            left = min(
+                request.spec.output.length - request.num_output - 1,
+                request.num_blocks * bs - tokens + 1,
+            )
+            if caching:
+                left = min(left, -tokens % bs)
+            if left <= 0:
+                return 0
+            if steps < 0 or left < steps:
+                steps = left
+            context += tokens
+        waiting = self.waiting
+        admits = waiting and budget > 0 and n < config.max_num_seqs
+        if admits and await self._admission(waiting[0], budget) is not None:
+            return 0  # the next step admits the head of the queue
+
+        timing = config.timing
+        work = StepWork(
+            decode_seqs=n,
+            emitting=n,
+            context_tokens=context,
+            active_blocks=self._num_active,
+            capacity=config.num_gpu_blocks,
+            block_size=bs,
+        )
+        varies = type(timing) not in _CONTEXT_FREE_TIMING
+        duration = timing.duration(work)
+        stats = self.stats
+        busy = stats.busy_s
+        taken = 0
+        first_end = clock
+        while taken < steps and clock < until:
+            if varies and taken:
+                work = StepWork(
+                    decode_seqs=n,
+                    emitting=n,
+                    context_tokens=context + taken * n,
+                    active_blocks=self._num_active,
+                    capacity=config.num_gpu_blocks,
+                    block_size=bs,
+                )
+                duration = timing.duration(work)
+            start = clock
+            clock += duration
+            busy += duration
+            if taken:
+                stats.record_itl(clock - start, n)
+            else:
+                first_end = clock
+            taken += 1
+        self.clock = clock
+        stats.busy_s = busy
+        stats.steps += taken
+        stats.decode_tokens += n * taken
+        stats.generated_tokens += n * taken
+        for request in running:
+            stats.record_itl(first_end - request.last_token_s)
+            output = request.num_output
+            request.num_output = output + taken
+            request.num_tokens += taken
+            request.num_computed += taken
+            request.last_token_s = clock
+        stats.record_sample(
+            first_end,
+            self._num_active / config.num_gpu_blocks,
+            stats.prefix_query_tokens,
+            stats.prefix_hit_tokens,
+        )
+        return taken
 
     async def run_until_idle(self) -> None:
         """Step until every submitted request has finished."""
@@ -293,7 +398,7 @@ class MockEngine:
             fits = -(-target // bs) <= request.num_blocks and not (
                 caching and target // bs > request.num_computed // bs
             )
-            if not fits and request.pending:
+            if not fits and request.has_pending:
                 await self._flush(request)
             while not fits:
                 allocation = await kv.allocate(request.request_id, target, cache=True)
@@ -322,23 +427,10 @@ class MockEngine:
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < config.max_num_seqs:
             request = waiting[0]
-            cached_blocks = inactive_cached = 0
-            if caching:
-                cost = await kv.prefill_cost(request.request_id)
-                cached_blocks = cost.cached_blocks
-                inactive_cached = cached_blocks - cost.active_cached_blocks
-            cached = cached_blocks * bs
-            num_new = request.num_tokens - cached
-            if num_new > budget:
-                if not config.enable_chunked_prefill:
-                    break
-                num_new = budget
-            # Admission check (Dynamo's): fresh blocks plus the inactive cached prefix the
-            # allocation would pin must fit in what is free or evictable. Exact, and it
-            # spares a failing allocation its second prefix walk.
-            fresh = -(-(cached + num_new) // bs) - cached_blocks
-            if fresh + inactive_cached > config.num_gpu_blocks - self._num_active:
+            admission = await self._admission(request, budget)
+            if admission is None:
                 break
+            cached, num_new, fresh, inactive_cached = admission
             allocation = await kv.allocate(request.request_id, cached + num_new, cache=True)
             if allocation is None:
                 break
@@ -359,14 +451,42 @@ class MockEngine:
             budget -= num_new
         return scheduled
 
+    async def _admission(
+        self, request: EngineRequest, budget: int
+    ) -> tuple[int, int, int, int] | None:
+        """What admitting the waiting ``request`` within ``budget`` tokens would take now:
+        (cached tokens, new tokens, fresh blocks, inactive cached blocks it pins); None if
+        it must wait.
+
+        A query (`KvClient.prefill_cost`), nothing changes. The check is Dynamo's: the
+        fresh blocks plus the inactive cached prefix the allocation would pin must fit in
+        what is free or evictable. It is exact (the allocation fails exactly when it
+        refuses), and it spares a failing allocation its second prefix walk.
+        """
+        config = self.config
+        bs = config.block_size
+        cached_blocks = inactive_cached = 0
+        if config.enable_prefix_caching:
+            cost = await self.kv.prefill_cost(request.request_id)
+            cached_blocks = cost.cached_blocks
+            inactive_cached = cached_blocks - cost.active_cached_blocks
+        cached = cached_blocks * bs
+        num_new = request.num_tokens - cached
+        if num_new > budget:
+            if not config.enable_chunked_prefill:
+                return None
+            num_new = budget
+        fresh = -(-(cached + num_new) // bs) - cached_blocks
+        if fresh + inactive_cached > config.num_gpu_blocks - self._num_active:
+            return None
+        return cached, num_new, fresh, inactive_cached
+
     async def _flush(self, request: EngineRequest) -> None:
         """Hand the request's pending generated tokens to the manager."""
-        pending = request.pending
-        request.pending = []
-        await self.kv.append_tokens(request.request_id, pending)
+        await self.kv.append_tokens(request.request_id, request.take_pending())
 
     async def _preempt(self, request: EngineRequest) -> None:
-        if request.pending:
+        if request.has_pending:
             await self._flush(request)
         await self.kv.preempt(request.request_id)
         request.num_computed = 0
@@ -432,22 +552,20 @@ class MockEngine:
                 request.first_token_s = first_token_s = now
                 stats.ttft_s.append(now - request.arrival_s)
             else:
-                stats.itl_s.append(now - request.last_token_s)
+                stats.record_itl(now - request.last_token_s)
             request.last_token_s = now
             spec = request.spec
-            token = spec.output.token(request.num_output)
             request.num_output += 1
             stats.generated_tokens += 1
             if request.num_output < spec.output_length:
                 request.num_tokens += 1
-                request.pending.append(token)  # the manager gets it when a call needs it
                 # Next step decodes this token: if that grows the table or fills a block
                 # (an allocation), hand the tokens over in this step's batch now, so
                 # that allocation needs no call of its own to send them.
                 n = request.num_tokens
                 if -(-n // bs) > request.num_blocks or (caching and n % bs == 0):
-                    updates.append(StepUpdate(request.request_id, request.pending, -1, False))
-                    request.pending = []
+                    pending = request.take_pending()
+                    updates.append(StepUpdate(request.request_id, pending, -1, False))
                 continue
             # finished: the last token is never computed, so it never reaches the manager
             updates.append(StepUpdate(request.request_id, [], -1, True))
@@ -478,8 +596,7 @@ class MockEngine:
         stats.evictions = outcome.stats.evictions
         stats.prefix_query_tokens = outcome.stats.prefix_query_tokens
         stats.prefix_hit_tokens = outcome.stats.prefix_hit_tokens
-        stats.sample_times.append(now)
-        stats.usage.append(outcome.usage.fraction)
-        stats.query_samples.append(stats.prefix_query_tokens)
-        stats.hit_samples.append(stats.prefix_hit_tokens)
+        stats.record_sample(
+            now, outcome.usage.fraction, stats.prefix_query_tokens, stats.prefix_hit_tokens
+        )
         return duration, finished

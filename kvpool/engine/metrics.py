@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvpool.engine.request import RequestRecord
@@ -17,15 +18,22 @@ class EngineStats:
     Prefix-cache queries and hits are in tokens, counted once per admission the way the
     manager counts them: the request's tokens at that moment, and the cached prefix its
     first allocation reused; with prefix caching off nothing is queried (both stay 0, as
-    vLLM reports no prefix-cache stats then). ``usage`` is sampled once per step, after
-    the step, at ``sample_times``; the cache keeps that usage until the next step changes
-    it, idle stretches included, so reports weigh each sample by how long it held.
+    vLLM reports no prefix-cache stats then).
+
+    Samples (`record_sample`): the KV usage and the query and hit counters after a step,
+    at ``sample_times``; the cache keeps that usage until the next step changes it, idle
+    stretches included, so reports weigh each sample by how long it held. A sample equal
+    to the previous one is not stored (it would only split that one's duration), so a
+    run of decode-only steps costs no memory, and stepping one step at a time or
+    fast-forwarding stores the same samples.
 
     Latency samples follow ``vllm bench serve``: ``ttft_s`` and ``latency_s`` (end to
     end) per finished request, ``tpot_s`` per finished request of more than one output
-    token (``(latency - ttft) / (output - 1)``), ``itl_s`` every gap between two
-    consecutive output tokens of a request (a compact ``array('d')``). ``requests``
-    holds a `RequestRecord` per finished or rejected request, in that order.
+    token (``(latency - ttft) / (output - 1)``); ``itl_counts`` counts every gap between
+    two consecutive output tokens of a request by value (`record_itl`: a decode step's
+    requests share one gap, so a long run holds a few distinct values, not one per
+    token). ``requests`` holds a `RequestRecord` per finished or rejected request, in
+    that order. Float samples are ``array('d')``, counters ``array('q')``.
     """
 
     submitted: int = 0
@@ -43,15 +51,51 @@ class EngineStats:
     steps: int = 0
     busy_s: float = 0.0
     event_batches: int = 0  # steps that drained KV events (published if there is a sink)
-    sample_times: list[float] = field(default_factory=list)
-    usage: list[float] = field(default_factory=list)
-    query_samples: list[int] = field(default_factory=list)
-    hit_samples: list[int] = field(default_factory=list)
-    ttft_s: list[float] = field(default_factory=list)
-    latency_s: list[float] = field(default_factory=list)
-    tpot_s: list[float] = field(default_factory=list)
-    itl_s: array[float] = field(default_factory=lambda: array("d"))
+    sample_times: array[float] = field(default_factory=lambda: array("d"))
+    usage: array[float] = field(default_factory=lambda: array("d"))
+    query_samples: array[int] = field(default_factory=lambda: array("q"))
+    hit_samples: array[int] = field(default_factory=lambda: array("q"))
+    ttft_s: array[float] = field(default_factory=lambda: array("d"))
+    latency_s: array[float] = field(default_factory=lambda: array("d"))
+    tpot_s: array[float] = field(default_factory=lambda: array("d"))
+    itl_counts: dict[float, int] = field(default_factory=dict)
     requests: list[RequestRecord] = field(default_factory=list)
+
+    def record_sample(self, time: float, usage: float, queries: int, hits: int) -> None:
+        """Sample the KV usage and the prefix counters at ``time``, unless all three
+        equal the last sample's."""
+        values = self.usage
+        if (
+            values
+            and values[-1] == usage
+            and self.query_samples[-1] == queries
+            and self.hit_samples[-1] == hits
+        ):
+            return
+        self.sample_times.append(time)
+        values.append(usage)
+        self.query_samples.append(queries)
+        self.hit_samples.append(hits)
+
+    def record_itl(self, gap: float, count: int = 1) -> None:
+        """Count ``count`` inter-token gaps of ``gap`` seconds."""
+        counts = self.itl_counts
+        counts[gap] = counts.get(gap, 0) + count
+
+    def clear_samples(self) -> None:
+        """Drop every sample and record (a long-running server keeps only counters)."""
+        for samples in (
+            self.sample_times,
+            self.usage,
+            self.query_samples,
+            self.hit_samples,
+            self.ttft_s,
+            self.latency_s,
+            self.tpot_s,
+        ):
+            del samples[:]  # arrays: no clear() before Python 3.13
+        self.itl_counts.clear()
+        self.requests.clear()
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -68,6 +112,33 @@ def percentile_of_sorted(ordered: Sequence[float], q: float) -> float:
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def percentile_of_counts(ordered: Sequence[float], cumulative: Sequence[int], q: float) -> float:
+    """`percentile` of a multiset given as distinct ``ordered`` values and the running
+    total of their counts (``cumulative[i]`` values are ``<= ordered[i]``)."""
+    if not ordered:
+        return 0.0
+    rank = (cumulative[-1] - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, cumulative[-1] - 1)
+    # the value at index i of the expanded, sorted multiset
+    below = ordered[bisect_right(cumulative, low)]
+    above = ordered[bisect_right(cumulative, high)]
+    return below + (above - below) * (rank - low)
+
+
+def sum_of_counts(counts: Mapping[float, int]) -> float:
+    """The correctly rounded sum of every value times its count, as `math.fsum` of the
+    expanded multiset gives it: ``value * count`` is split into exact ``value * 2**k``
+    terms, one per bit of ``count``."""
+    terms: list[float] = []
+    for value, count in counts.items():
+        while count:
+            bit = count & -count
+            terms.append(value * bit)
+            count ^= bit
+    return math.fsum(terms)
 
 
 def mean(values: Sequence[float]) -> float:
@@ -98,10 +169,13 @@ def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: fl
     if total <= 0:
         return percentile(values, q)
     target = total * q / 100.0
+    by_value: dict[float, float] = {}  # few distinct levels (a usage is active / capacity)
+    for value, weight in zip(values, weights, strict=True):
+        by_value[value] = by_value.get(value, 0.0) + weight
     seen = 0.0
-    pairs = sorted(zip(values, weights, strict=True))
-    for value, weight in pairs:
+    for value in sorted(by_value):
+        weight = by_value[value]
         seen += weight
         if seen >= target and weight > 0:
             return value
-    return max(value for value, weight in pairs if weight > 0)
+    return max(value for value, weight in by_value.items() if weight > 0)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from itertools import accumulate
 
 import msgspec
 
@@ -13,7 +14,9 @@ from kvpool.engine.metrics import (
     EngineStats,
     held_durations,
     mean,
+    percentile_of_counts,
     percentile_of_sorted,
+    sum_of_counts,
     weighted_mean,
     weighted_percentile,
 )
@@ -37,6 +40,20 @@ class Distribution(msgspec.Struct, frozen=True):
             p50=percentile_of_sorted(ordered, 50),
             p90=percentile_of_sorted(ordered, 90),
             p99=percentile_of_sorted(ordered, 99),
+            max=ordered[-1] if ordered else 0.0,
+        )
+
+    @classmethod
+    def of_counts(cls, counts: Mapping[float, int]) -> Distribution:
+        """Summarise the multiset in which each value occurs ``counts[value]`` times:
+        exactly what `of` gives for the expanded values."""
+        ordered = sorted(value for value, count in counts.items() if count > 0)
+        cumulative = list(accumulate(counts[value] for value in ordered))
+        return cls(
+            mean=sum_of_counts(counts) / cumulative[-1] if ordered else 0.0,
+            p50=percentile_of_counts(ordered, cumulative, 50),
+            p90=percentile_of_counts(ordered, cumulative, 90),
+            p99=percentile_of_counts(ordered, cumulative, 99),
             max=ordered[-1] if ordered else 0.0,
         )
 
@@ -124,8 +141,14 @@ def worker_report(
     run, up to which each engine's last usage sample holds.
     """
     until = clock if end is None else end
-    usage = [u for s in stats for u in s.usage]
-    held = [d for s in stats for d in held_durations(s.sample_times, until)]
+    usage = array("d")
+    held = array("d")
+    itl: dict[float, int] = {}
+    for s in stats:
+        usage.extend(s.usage)
+        held.extend(held_durations(s.sample_times, until))
+        for gap, count in s.itl_counts.items():
+            itl[gap] = itl.get(gap, 0) + count
 
     def total(name: str) -> int:
         return sum(getattr(s, name) for s in stats)
@@ -133,9 +156,6 @@ def worker_report(
     queries = total("prefix_query_tokens")
     hits = total("prefix_hit_tokens")
     generated = total("generated_tokens")
-    itl = array("d")
-    for s in stats:
-        itl.extend(s.itl_s)
     return WorkerReport(
         worker=worker,
         requests_submitted=total("submitted"),
@@ -155,7 +175,7 @@ def worker_report(
         evictions=total("evictions"),
         ttft_s=Distribution.of([t for s in stats for t in s.ttft_s]),
         tpot_s=Distribution.of([t for s in stats for t in s.tpot_s]),
-        itl_s=Distribution.of(itl),
+        itl_s=Distribution.of_counts(itl),
         latency_s=Distribution.of([t for s in stats for t in s.latency_s]),
         output_tokens_per_s=generated / until if until > 0 else 0.0,
         kv_event_batches=total("event_batches"),

@@ -39,9 +39,11 @@ class EngineRequest:
     ``num_tokens`` counts the prompt plus every generated token; ``num_computed`` the
     tokens whose KV is computed (``<= num_tokens``); ``num_blocks`` the blocks its table
     holds, as the allocations reported them. Preemption resets ``num_computed`` and
-    ``num_blocks`` to 0 and keeps the tokens. ``pending`` holds the newest generated
-    tokens until the manager needs them (before an allocation, a watermark move or a
-    preemption): a partial block has no hash, so the manager loses nothing by waiting.
+    ``num_blocks`` to 0 and keeps the tokens. The manager is told the generated tokens
+    only when it needs them (before an allocation, a watermark move or a preemption): a
+    partial block has no hash, so it loses nothing by waiting. ``num_sent`` counts the
+    output tokens it has; `pending` builds the others (the output is a pure function of
+    the spec), so a decode step stores no token.
     ``first_scheduled_s``, ``cached_tokens`` (summed over admissions) and
     ``last_token_s`` (for the inter-token gaps) feed its `RequestRecord`.
     """
@@ -57,8 +59,8 @@ class EngineRequest:
         "num_computed",
         "num_output",
         "num_preemptions",
+        "num_sent",
         "num_tokens",
-        "pending",
         "request_id",
         "spec",
     )
@@ -72,12 +74,22 @@ class EngineRequest:
         self.num_blocks = 0
         self.num_output = 0
         self.num_preemptions = 0
-        self.pending: list[int] = []  # generated tokens the KV manager has not been told yet
+        self.num_sent = 0  # output tokens the KV manager has been told
         self.first_scheduled_s: float | None = None
         self.first_token_s: float | None = None
         self.last_token_s = 0.0
         self.finish_s: float | None = None
         self.cached_tokens = 0
+
+    @property
+    def has_pending(self) -> bool:
+        """True if the request generated tokens the KV manager has not been told."""
+        return self.num_sent < self.num_tokens - self.spec.input_length
+
+    def take_pending(self) -> list[int]:
+        """The generated tokens the KV manager has not been told, now counted as told."""
+        start, self.num_sent = self.num_sent, self.num_tokens - self.spec.input_length
+        return self.spec.output.tokens(start, self.num_sent)
 
     def record(self, worker: int, *, rejected: bool = False) -> RequestRecord:
         """The request's `RequestRecord` as of now."""

@@ -302,18 +302,7 @@ class EngineDriver:
                 metrics.gpu_hits.inc(hits)
             if generated:
                 metrics.generation_tokens.inc(generated)
-        for samples in (
-            stats.sample_times,
-            stats.usage,
-            stats.query_samples,
-            stats.hit_samples,
-            stats.ttft_s,
-            stats.latency_s,
-            stats.tpot_s,
-        ):
-            samples.clear()
-        del stats.itl_s[:]  # an array('d'): no clear() before Python 3.13
-        stats.requests.clear()  # the per-request records `kvpool simulate` writes
+        stats.clear_samples()
 
 
 __all__ = ["Abort", "EngineDriver", "Output", "Submit"]
