@@ -35,7 +35,7 @@ RUNS = {
     ),
     "memory-breakdown": (
         ["bench_memory.py", "--trace", SAMPLE, "--breakdown"],
-        ["per-step samples", "ITL samples", "building the report"],
+        ["held at the end of the run", "building the report", "peak RSS of this process"],
     ),
     "serve": (
         ["bench_serve.py", "--requests", "20", "--max-tokens", "4"],
