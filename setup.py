@@ -1,4 +1,5 @@
-"""Build hook: compile the block-pool core with mypyc (2-3x cheaper pool calls).
+"""Build hook: compile the block-pool core and the engine's per-request step bookkeeping
+with mypyc (2-3x cheaper pool calls; see benchmarks/README.md for the engine's gain).
 
 Set KVPOOL_PURE_PYTHON=1 to skip compilation; the same modules then run interpreted.
 All other packaging metadata lives in pyproject.toml.
@@ -8,7 +9,14 @@ import os
 
 from setuptools import setup
 
-CORE = ["kvpool/pool/block_pool.py", "kvpool/pool/copy.py", "kvpool/pool/types.py"]
+CORE = [
+    "kvpool/pool/block_pool.py",
+    "kvpool/pool/copy.py",
+    "kvpool/pool/types.py",
+    "kvpool/engine/metrics.py",
+    "kvpool/engine/request.py",
+    "kvpool/engine/stepping.py",
+]
 
 ext_modules = []
 if os.environ.get("KVPOOL_PURE_PYTHON", "") in ("", "0"):

@@ -11,6 +11,7 @@ from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
 from kvpool.engine.engine import MockEngine, StepResult
 from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
 from kvpool.engine.metrics import EngineStats
+from kvpool.engine.record import RequestRecord
 from kvpool.engine.report import (
     Distribution,
     Report,
@@ -19,7 +20,6 @@ from kvpool.engine.report import (
     format_report,
     report_json,
 )
-from kvpool.engine.request import RequestRecord
 from kvpool.engine.runner import (
     KV_BACKENDS,
     SimulationRun,

@@ -53,7 +53,9 @@ last block in their first step. The corner cases, as vLLM 0.33 decides them:
 Generated tokens reach the manager lazily, before a call that needs them (an allocation,
 a block filling, a preemption): a partial block has no hash, so the manager loses
 nothing by waiting, and a decode step that neither grows the table nor fills a block
-costs no call of its own.
+costs no call of its own. A run of such steps, with nobody arriving, finishing or
+admitted, changes nothing but the clock and the counts: `MockEngine.fast_forward` takes
+it in one jump, with results identical to single steps.
 
 A request that could never run - more blocks than the pool holds for its prompt plus its
 output, or, with chunked prefill off, more tokens than one step's budget - is rejected
@@ -71,10 +73,10 @@ from kvpool.engine.config import EngineConfig, TimingModel
 from kvpool.engine.kv_client import KvClient, KvUsage
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
+from kvpool.engine.stepping import apply_jump, apply_step, plan_jump, schedule_fitting, step_work
 from kvpool.engine.timing import DynamoTiming, StepWork
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEventBatch
-from kvpool.manager import StepUpdate
 from kvpool.workloads import RequestSpec
 
 _CONTEXT_FREE_TIMING = (TimingModel, DynamoTiming)
@@ -142,6 +144,11 @@ class MockEngine:
         # the admission check never reads it stale) until it is re-read after the
         # schedule, so the timing model sees the pool after the step's allocations.
         self._num_active = -1
+        # Whether a KV call since the last `finish_step` may have queued an event or
+        # moved the usage or the counters (an allocation, a preemption, an admission or
+        # an abort). A step with no update to send and nothing dirty skips the call:
+        # it would drain nothing and read what the engine already knows.
+        self._dirty = True
 
     def __repr__(self) -> str:
         return (
@@ -207,6 +214,7 @@ class MockEngine:
             stats.requests.append(EngineRequest(spec, arrived).record(self.rank, rejected=True))
             return False
         await self.kv.add_request(spec.request_id, spec.prompt_token_ids())
+        self._dirty = True
         stats.submitted += 1
         self.waiting.append(EngineRequest(spec, arrived))
         return True
@@ -224,6 +232,7 @@ class MockEngine:
             for index, request in enumerate(queue):
                 if request.request_id == request_id:
                     del queue[index]
+                    self._dirty = True
                     await self.kv.free(request_id)
                     self.stats.aborted += 1
                     if self._num_active >= 0:  # keep the admission check's count exact
@@ -288,25 +297,9 @@ class MockEngine:
         budget = config.max_num_batched_tokens - n
         if budget < 0:
             return 0  # not every running request is scheduled
-        steps = -1
-        context = 0
-        for request in running:
-            tokens = request.num_tokens
-            if not request.num_output or request.num_computed + 1 != tokens:
-                return 0  # not decoding (a prefill chunk, or recomputing)
-            # Pure steps left: before the one that samples its last token; before the one
-            # whose token outgrows the table; with caching, before the one filling a block.
-            left = min(
-                request.spec.output.length - request.num_output - 1,
-                request.num_blocks * bs - tokens + 1,
-            )
-            if caching:
-                left = min(left, -tokens % bs)
-            if left <= 0:
-                return 0
-            if steps < 0 or left < steps:
-                steps = left
-            context += tokens
+        steps, context = plan_jump(running, bs, caching)
+        if not steps:
+            return 0
         waiting = self.waiting
         admits = waiting and budget > 0 and n < config.max_num_seqs
         if admits and await self._admission(waiting[0], budget) is not None:
@@ -351,13 +344,7 @@ class MockEngine:
         stats.steps += taken
         stats.decode_tokens += n * taken
         stats.generated_tokens += n * taken
-        for request in running:
-            stats.record_itl(first_end - request.last_token_s)
-            output = request.num_output
-            request.num_output = output + taken
-            request.num_tokens += taken
-            request.num_computed += taken
-            request.last_token_s = clock
+        apply_jump(running, stats, taken, first_end, clock)
         stats.record_sample(
             first_end,
             self._num_active / config.num_gpu_blocks,
@@ -389,18 +376,20 @@ class MockEngine:
 
         caching = config.enable_prefix_caching
         i = 0
-        while i < len(running) and budget > 0:
+        while True:
+            i, budget = schedule_fitting(running, i, budget, scheduled, bs, caching)
+            if i >= len(running) or budget <= 0:
+                break
+            # running[i] needs a KV call: its table must grow, or a block fills (it turns
+            # cache-visible now, at schedule time, as in vLLM: see the module docstring)
             request = running[i]
             num_new = min(request.num_tokens - request.num_computed, budget)
             target = request.num_computed + num_new
-            # A call is needed when the table must grow, or when a block fills: it turns
-            # cache-visible now, at schedule time, as in vLLM (see the module docstring).
-            fits = -(-target // bs) <= request.num_blocks and not (
-                caching and target // bs > request.num_computed // bs
-            )
-            if not fits and request.has_pending:
+            if request.has_pending:
                 await self._flush(request)
+            fits = False
             while not fits:
+                self._dirty = True
                 allocation = await kv.allocate(request.request_id, target, cache=True)
                 if allocation is not None:
                     self._num_active += len(allocation.block_ids)  # fresh blocks only
@@ -431,6 +420,7 @@ class MockEngine:
             if admission is None:
                 break
             cached, num_new, fresh, inactive_cached = admission
+            self._dirty = True
             allocation = await kv.allocate(request.request_id, cached + num_new, cache=True)
             if allocation is None:
                 break
@@ -486,6 +476,7 @@ class MockEngine:
         await self.kv.append_tokens(request.request_id, request.take_pending())
 
     async def _preempt(self, request: EngineRequest) -> None:
+        self._dirty = True
         if request.has_pending:
             await self._flush(request)
         await self.kv.preempt(request.request_id)
@@ -502,85 +493,31 @@ class MockEngine:
         stats = self.stats
         bs = self.config.block_size
         caching = self.config.enable_prefix_caching
-        prefill_tokens = decode_seqs = 0
-        prefill_requests = prompt_start = prompt_end = emitting = context_tokens = 0
-        for request, num_new in scheduled.items():
-            before = request.num_computed
-            # a decode computes the one token sampled last step (a recomputation that
-            # happens to have one token left costs the same, and counts as one)
-            if num_new == 1 and request.num_output and before + 1 == request.num_tokens:
-                decode_seqs += 1
-            else:
-                prefill_tokens += num_new
-            prompt = request.spec.input_length
-            if before < prompt:  # prompt tokens computed (Dynamo's prefill batch)
-                prefill_requests += 1
-                prompt_start += before
-                prompt_end += min(before + num_new, prompt)
-            if before + num_new == request.num_tokens:  # samples a token this step
-                emitting += 1
-                context_tokens += request.num_tokens
-        work = StepWork(
-            prefill_tokens=prefill_tokens,
-            decode_seqs=decode_seqs,
-            prefill_requests=prefill_requests,
-            prompt_start=prompt_start,
-            prompt_end=prompt_end,
-            emitting=emitting,
-            context_tokens=context_tokens,
-            active_blocks=self._num_active,
-            capacity=self.config.num_gpu_blocks,
-            block_size=self.config.block_size,
-        )
+        work = step_work(scheduled, self._num_active, self.config.num_gpu_blocks, bs)
         duration = self.config.timing.duration(work)
         self.clock += duration
         now = self.clock
         stats.steps += 1
         stats.busy_s += duration
-        stats.prefill_tokens += prefill_tokens
-        stats.decode_tokens += decode_seqs
+        stats.prefill_tokens += work.prefill_tokens
+        stats.decode_tokens += work.decode_seqs
 
-        finished: list[str] = []
-        updates: list[StepUpdate] = []
-        for request, num_new in scheduled.items():
-            # Every block these tokens fill was made visible when they were scheduled.
-            request.num_computed = computed = request.num_computed + num_new
-            if computed < request.num_tokens:  # a prefill chunk: nothing to sample yet
-                continue
-            first_token_s = request.first_token_s
-            if first_token_s is None:
-                request.first_token_s = first_token_s = now
-                stats.ttft_s.append(now - request.arrival_s)
-            else:
-                stats.record_itl(now - request.last_token_s)
-            request.last_token_s = now
-            spec = request.spec
-            request.num_output += 1
-            stats.generated_tokens += 1
-            if request.num_output < spec.output_length:
-                request.num_tokens += 1
-                # Next step decodes this token: if that grows the table or fills a block
-                # (an allocation), hand the tokens over in this step's batch now, so
-                # that allocation needs no call of its own to send them.
-                n = request.num_tokens
-                if -(-n // bs) > request.num_blocks or (caching and n % bs == 0):
-                    pending = request.take_pending()
-                    updates.append(StepUpdate(request.request_id, pending, -1, False))
-                continue
-            # finished: the last token is never computed, so it never reaches the manager
-            updates.append(StepUpdate(request.request_id, [], -1, True))
-            request.finish_s = now
-            finished.append(request.request_id)
-            stats.completed += 1
-            stats.prompt_tokens += spec.input_length
-            stats.latency_s.append(now - request.arrival_s)
-            if spec.output_length > 1:
-                stats.tpot_s.append((now - first_token_s) / (spec.output_length - 1))
-            stats.requests.append(request.record(self.rank))
+        updates, finished = apply_step(scheduled, now, stats, bs, caching, self.rank)
         if finished:
             self.running = [r for r in self.running if r.finish_s is None]
 
+        if not updates and not self._dirty:
+            # nothing to tell the manager, and it has nothing new to tell: the usage
+            # and the counters are what the last call read
+            stats.record_sample(
+                now,
+                self._num_active / self.config.num_gpu_blocks,
+                stats.prefix_query_tokens,
+                stats.prefix_hit_tokens,
+            )
+            return duration, finished
         outcome = await kv.finish_step(updates)
+        self._dirty = False
         if outcome.events:
             stats.event_batches += 1
             if self.sink is not None:

@@ -8,7 +8,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvpool.engine.request import RequestRecord
+from kvpool.engine.record import RequestRecord
 
 
 @dataclass(slots=True)

@@ -1,36 +1,14 @@
-"""A request as the engine's scheduler sees it: token counts, block count, timestamps;
-and the `RequestRecord` it leaves behind once it has finished or been rejected."""
+"""A request as the engine's scheduler sees it: token counts, block count, timestamps.
+
+Compiled with mypyc (setup.py) with the engine's step bookkeeping
+(`kvpool.engine.stepping`), which reads and writes these fields for every running request
+every step; it runs interpreted just the same.
+"""
 
 from __future__ import annotations
 
-import msgspec
-
+from kvpool.engine.record import RequestRecord
 from kvpool.workloads import RequestSpec
-
-
-class RequestRecord(msgspec.Struct, frozen=True, gc=False):
-    """One request's life, as ``--requests-jsonl`` writes it (times in simulated seconds).
-
-    ``first_scheduled_s`` is the start of the first step that scheduled it,
-    ``first_token_s`` and ``finish_s`` the ends of the steps that sampled its first and
-    last token; all three are None for a rejected request. ``prompt_tokens`` and
-    ``output_tokens`` are its lengths as the workload gives them. ``cached_tokens`` sums
-    the cached prefix each admission reused, re-admissions after preemption included, so
-    a worker's records add up to its ``prefix_cache_hits`` (vLLM's ``num_cached_tokens``
-    counts the first admission only; the two agree for a request never preempted).
-    """
-
-    request_id: str
-    worker: int
-    arrival_s: float
-    first_scheduled_s: float | None
-    first_token_s: float | None
-    finish_s: float | None
-    prompt_tokens: int
-    output_tokens: int
-    cached_tokens: int
-    preemptions: int
-    rejected: bool
 
 
 class EngineRequest:
@@ -42,7 +20,7 @@ class EngineRequest:
     ``num_blocks`` to 0 and keeps the tokens. The manager is told the generated tokens
     only when it needs them (before an allocation, a watermark move or a preemption): a
     partial block has no hash, so it loses nothing by waiting. ``num_sent`` counts the
-    output tokens it has; `pending` builds the others (the output is a pure function of
+    output tokens it has; `take_pending` builds the others (the output is a pure function of
     the spec), so a decode step stores no token.
     ``first_scheduled_s``, ``cached_tokens`` (summed over admissions) and
     ``last_token_s`` (for the inter-token gaps) feed its `RequestRecord`.

@@ -1,0 +1,188 @@
+"""The engine's per-request bookkeeping of a step, as plain functions over its requests.
+
+Everything `MockEngine` does for every running request every step lives here: which
+requests fit the step without a KV call, what the step computed (`StepWork`), what it
+did to each request, and the closed-form jump over decode-only steps. No I/O and no
+awaiting: the engine awaits its KV client between these calls. setup.py compiles this
+module, `kvpool.engine.request` and `kvpool.engine.metrics` with mypyc, so these loops
+run as C; interpreted (``KVPOOL_PURE_PYTHON=1``, no compiler) they do the same.
+"""
+
+from __future__ import annotations
+
+from kvpool.engine.metrics import EngineStats
+from kvpool.engine.request import EngineRequest
+from kvpool.engine.timing import StepWork
+from kvpool.manager.types import StepUpdate
+
+
+def schedule_fitting(
+    running: list[EngineRequest],
+    start: int,
+    budget: int,
+    scheduled: dict[EngineRequest, int],
+    block_size: int,
+    caching: bool,
+) -> tuple[int, int]:
+    """Schedule ``running[start:]`` in order while the budget lasts and each request's
+    tokens fit its table without a KV call; return (the index of the first request that
+    needs one, or ``len(running)``, and the budget left).
+
+    A call is needed when the table must grow, or with prefix caching when a block
+    fills: it turns cache-visible at schedule time, as in vLLM.
+    """
+    i = start
+    count = len(running)
+    while i < count and budget > 0:
+        request = running[i]
+        computed = request.num_computed
+        num_new = min(request.num_tokens - computed, budget)
+        target = computed + num_new
+        if -(-target // block_size) > request.num_blocks:
+            break
+        if caching and target // block_size > computed // block_size:
+            break
+        scheduled[request] = num_new
+        budget -= num_new
+        i += 1
+    return i, budget
+
+
+def step_work(
+    scheduled: dict[EngineRequest, int], active_blocks: int, capacity: int, block_size: int
+) -> StepWork:
+    """What the scheduled requests compute this step, as the timing models read it."""
+    prefill_tokens = decode_seqs = 0
+    prefill_requests = prompt_start = prompt_end = emitting = context_tokens = 0
+    for request, num_new in scheduled.items():
+        before = request.num_computed
+        tokens = request.num_tokens
+        # a decode computes the one token sampled last step (a recomputation that
+        # happens to have one token left costs the same, and counts as one)
+        if num_new == 1 and request.num_output and before + 1 == tokens:
+            decode_seqs += 1
+        else:
+            prefill_tokens += num_new
+        prompt = request.spec.input_length
+        if before < prompt:  # prompt tokens computed (Dynamo's prefill batch)
+            prefill_requests += 1
+            prompt_start += before
+            prompt_end += min(before + num_new, prompt)
+        if before + num_new == tokens:  # samples a token this step
+            emitting += 1
+            context_tokens += tokens
+    return StepWork(
+        prefill_tokens=prefill_tokens,
+        decode_seqs=decode_seqs,
+        prefill_requests=prefill_requests,
+        prompt_start=prompt_start,
+        prompt_end=prompt_end,
+        emitting=emitting,
+        context_tokens=context_tokens,
+        active_blocks=active_blocks,
+        capacity=capacity,
+        block_size=block_size,
+    )
+
+
+def apply_step(
+    scheduled: dict[EngineRequest, int],
+    now: float,
+    stats: EngineStats,
+    block_size: int,
+    caching: bool,
+    rank: int,
+) -> tuple[list[StepUpdate], list[str]]:
+    """Apply a step that ended at ``now`` to its requests and ``stats``; return the
+    manager's updates (in schedule order) and the ids of the requests that finished.
+
+    Every block the computed tokens fill was made visible when they were scheduled. A
+    request that computed all its tokens samples one: its first (TTFT) or the next (an
+    inter-token gap); its last finishes it, and that token is never computed, so it
+    never reaches the manager. A request whose next decode will allocate (its table
+    grows or a block fills) hands its generated tokens over in this step's updates, so
+    that allocation needs no call of its own to send them.
+    """
+    finished: list[str] = []
+    updates: list[StepUpdate] = []
+    same_gap = 0  # requests that sampled last at `last`: one ITL count for all of them
+    last = -1.0
+    for request, num_new in scheduled.items():
+        computed = request.num_computed + num_new
+        request.num_computed = computed
+        if computed < request.num_tokens:  # a prefill chunk: nothing to sample yet
+            continue
+        first_token_s = request.first_token_s
+        if first_token_s is None:
+            request.first_token_s = first_token_s = now
+            stats.ttft_s.append(now - request.arrival_s)
+        elif request.last_token_s == last:
+            same_gap += 1
+        else:
+            if same_gap:
+                stats.record_itl(now - last, same_gap)
+            last = request.last_token_s
+            same_gap = 1
+        request.last_token_s = now
+        spec = request.spec
+        output_length = spec.output.length
+        request.num_output += 1
+        stats.generated_tokens += 1
+        if request.num_output < output_length:
+            request.num_tokens = n = request.num_tokens + 1
+            if -(-n // block_size) > request.num_blocks or (caching and n % block_size == 0):
+                updates.append(StepUpdate(request.request_id, request.take_pending(), -1, False))
+            continue
+        updates.append(StepUpdate(request.request_id, [], -1, True))
+        request.finish_s = now
+        finished.append(request.request_id)
+        stats.completed += 1
+        stats.prompt_tokens += spec.input_length
+        stats.latency_s.append(now - request.arrival_s)
+        if output_length > 1:
+            stats.tpot_s.append((now - first_token_s) / (output_length - 1))
+        stats.requests.append(request.record(rank))
+    if same_gap:
+        stats.record_itl(now - last, same_gap)
+    return updates, finished
+
+
+def plan_jump(running: list[EngineRequest], block_size: int, caching: bool) -> tuple[int, int]:
+    """How many pure decode steps every running request allows from now, and their
+    tokens summed (the first step's context); (0, 0) if the next step is not one.
+
+    Each must be decoding (it computed every token but the one it sampled last), and
+    its steps end before the one that samples its last token, outgrows its table, or
+    with prefix caching fills a block.
+    """
+    steps = -1
+    context = 0
+    for request in running:
+        tokens = request.num_tokens
+        if not request.num_output or request.num_computed + 1 != tokens:
+            return 0, 0  # not decoding (a prefill chunk, or recomputing)
+        left = min(
+            request.spec.output.length - request.num_output - 1,
+            request.num_blocks * block_size - tokens + 1,
+        )
+        if caching:
+            left = min(left, -tokens % block_size)
+        if left <= 0:
+            return 0, 0
+        if steps < 0 or left < steps:
+            steps = left
+        context += tokens
+    return max(steps, 0), context
+
+
+def apply_jump(
+    running: list[EngineRequest], stats: EngineStats, taken: int, first_end: float, end: float
+) -> None:
+    """Move every running request ``taken`` decode steps on: the first ended at
+    ``first_end`` (its inter-token gap is each request's own), the last at ``end``."""
+    for request in running:
+        stats.record_itl(first_end - request.last_token_s)
+        request.num_output += taken
+        request.num_tokens += taken
+        request.num_computed += taken
+        request.last_token_s = end
