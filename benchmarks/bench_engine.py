@@ -40,9 +40,10 @@ the trace's second read included):
   unless ``--multiturn`` names a copy), ``--num-gpu-blocks 4096``: fast-forward (the
   default) on each backend against the target of 10,000 requests per wall second, and
   step by step (``fast_forward=False``, one run each: about a minute before issue 11) with
-  whether its report's totals equal the fast-forward run's; then, from one extra
-  (untimed) fast-forward run, the steps simulated against the steps the engine took one
-  at a time and its jumps;
+  whether its report's totals equal the fast-forward run's; then, from extra untimed
+  runs (local backend, which makes the same calls), the steps simulated against the
+  steps the engine took one at a time and its jumps, and the KV calls of each path by
+  method (each a round trip on the actor backend);
 - Mooncake's synthetic trace (``../shared/traces/mooncake_synthetic_trace.jsonl.gz``,
   3,993 requests), actor backend, fast-forward: the default ``--num-gpu-blocks`` and
   16384.
@@ -64,10 +65,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -210,13 +212,21 @@ class Timed:
 
 
 def run_trace(
-    requests: Iterable[RequestSpec], config: EngineConfig, backend: str, fast_forward: bool
+    requests: Iterable[RequestSpec],
+    config: EngineConfig,
+    backend: str,
+    fast_forward: bool,
+    wrap_kv: Callable[[KvClient], KvClient] | None = None,
 ) -> tuple[SimulationRun, float]:
     """One plain `run_simulation` (one worker, uvloop) and its wall seconds."""
 
     async def go() -> SimulationRun:
         return await run_simulation(
-            requests, config, kv_factory=KV_BACKENDS[backend], fast_forward=fast_forward
+            requests,
+            config,
+            kv_factory=KV_BACKENDS[backend],
+            fast_forward=fast_forward,
+            wrap_kv=wrap_kv,
         )
 
     gc.collect()  # the last run's garbage is not this run's to collect
@@ -288,6 +298,40 @@ class StepCounter:
             MockEngine.fast_forward = self._fast_forward  # type: ignore[method-assign]
         except (TypeError, AttributeError):
             pass
+
+
+class CountingKv:
+    """A KV client that counts the calls of each of its methods, by name, in ``counts``
+    (every other attribute is the wrapped client's)."""
+
+    def __init__(self, inner: KvClient, counts: Counter[str]) -> None:
+        self._inner = inner
+        self._counts = counts
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+        counts = self._counts
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+    @staticmethod
+    def wrapper(counts: Counter[str]) -> Callable[[KvClient], KvClient]:
+        """A ``wrap_kv`` that counts into ``counts``."""
+        return lambda kv: cast(KvClient, CountingKv(kv, counts))
+
+
+def describe_calls(counts: Counter[str]) -> str:
+    """``N (method n, ...)``: the total and the most frequent methods."""
+    top = counts.most_common(5)
+    rest = counts.total() - sum(n for _, n in top)
+    parts = [f"{name} {n:,}" for name, n in top] + ([f"other {rest:,}"] if rest else [])
+    return f"{counts.total():,} ({', '.join(parts)})"
 
 
 def differences(first: WorkerReport, second: WorkerReport) -> list[str]:
@@ -365,10 +409,11 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
                     f"(fast-forward's speedup {slow.wall_s / fast.wall_s:.1f}x; {same})",
                 )
         assert fast_total is not None
+        # untimed runs, counting (local backend: the engine makes the same calls on both)
         counter = StepCounter()
+        calls: Counter[str] = Counter()
         with counter:
-            if counter.ok:
-                run_trace(trace, config, "local", True)
+            run_trace(trace, config, "local", True, CountingKv.wrapper(calls))
         total = fast_total
         if counter.ok:
             print(
@@ -378,6 +423,11 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
             )
         else:
             print(f"  steps simulated {total.steps:,} (steps taken: MockEngine is compiled)")
+        print(f"  KV calls (actor round trips), fast-forward: {describe_calls(calls)}")
+        if step_by_step:
+            calls = Counter()
+            run_trace(trace, config, "local", False, CountingKv.wrapper(calls))
+            print(f"  KV calls, step by step: {describe_calls(calls)}")
         print(
             f"  simulated {total.simulated_s:,.0f} s; preemptions {total.preemptions}, "
             f"evictions {total.evictions}, hit rate "

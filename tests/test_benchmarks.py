@@ -26,7 +26,7 @@ RUNS = {
             *("bench_engine.py", "--no-embedded", "--repeat", "1"),
             *("--multiturn", SAMPLE, "--mooncake", SAMPLE),
         ],
-        ["fast-forward", "step by step", "steps simulated", "ms/request", "16384"],
+        ["fast-forward", "step by step", "steps simulated", "KV calls", "ms/request", "16384"],
     ),
     "events": (["bench_events.py"], ["tokens", "batches"]),
     "memory": (
