@@ -1,11 +1,17 @@
 """Engine benchmark: simulated requests per wall second, and where the wall time goes.
 
+Reproduce the figures (from the repository root, the pool core compiled as
+``pip install -e .`` compiles it):
+
     python benchmarks/bench_engine.py            # embedded default, every KV backend
     python benchmarks/bench_engine.py --repeat 5 --workers 2
+    python benchmarks/bench_engine.py --traces   # + issue 11's traces (needs ../shared)
+    python benchmarks/bench_engine.py --multiturn synth.jsonl    # that trace only
 
-For each KV backend (``local``: a `KvManager` called inline; ``actor``: the manager behind
-the pool actor, one actor per worker) it runs `kvpool simulate`'s embedded default
-workload with the CLI's default flags and prints, best of ``--repeat`` runs:
+**Embedded default** (always run). For each KV backend (``local``: a `KvManager` called
+inline; ``actor``: the manager behind the pool actor, one actor per worker) it runs
+`kvpool simulate`'s embedded default workload with the CLI's default flags and prints,
+best of ``--repeat`` runs:
 
 - wall seconds and simulated requests per wall second;
 - the share of wall time spent awaiting KV calls (`TimedKvClient`): the manager, the
@@ -21,26 +27,73 @@ Targets (issue 5): the embedded default completes in under 15 s; the pool is not
 bottleneck (its share under half of wall time). Issue 9: the actor backend is no slower
 than before the actor became one task with one mailbox; `BEFORE_ISSUE_9` is that run's
 figure, measured on this machine class (reproduce it at that commit with this script).
+
+**Traces** (issue 11's "Speed"; only with ``--traces``, or ``--multiturn``/``--mooncake``
+for one of them; skipped with a note when a file is missing: a fresh checkout has no
+``../shared``). Each trace is read as ``kvpool simulate --trace`` reads it (a
+`MooncakeTrace`: one validation pass, timed apart, then streamed during the run); one
+worker, uvloop, no timing wrappers, so the wall time is the run's own (`run_simulation`,
+the trace's second read included):
+
+- the multi-turn trace ``../shared/bench/gen_multiturn_trace.py --sessions 3000
+  --session-rate 1.0`` writes (8,957 requests; generated into a temporary directory
+  unless ``--multiturn`` names a copy), ``--num-gpu-blocks 4096``: fast-forward (the
+  default) on each backend against the target of 10,000 requests per wall second, and
+  step by step (``fast_forward=False``, one run each: about a minute before issue 11) with
+  whether its report's totals equal the fast-forward run's; then, from extra untimed
+  runs (local backend, which makes the same calls), the steps simulated against the
+  steps the engine took one at a time and its jumps, and the KV calls of each path by
+  method (each a round trip on the actor backend);
+- Mooncake's synthetic trace (``../shared/traces/mooncake_synthetic_trace.jsonl.gz``,
+  3,993 requests), actor backend, fast-forward: the default ``--num-gpu-blocks`` and
+  16384.
+
+Fast variants are best of ``--repeat``; a run longer than `SLOW_S` is not repeated.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
+import gc
+import math
+import os
+import platform
 import pstats
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
 
 import anyio
 
 from kvpool.engine import EngineConfig, KvClient, TimedKvClient
+from kvpool.engine.report import WorkerReport
 from kvpool.engine.runner import KV_BACKENDS, KvFactory, SimulationRun, run_simulation
-from kvpool.workloads import RequestSpec, default_workload
+from kvpool.workloads import MooncakeTrace, RequestSpec, default_workload
 
 BEFORE_ISSUE_9 = ("92c3dcf", 1.09)
 """(commit, best-of-3 wall seconds) of the actor backend on the embedded default, with
 direct turns and a deque mailbox, measured 2026-11-30 on the 2-core EPYC VM."""
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+"""The shared directory beside the repository (``../shared``): traces and their generator."""
+GENERATOR = SHARED / "bench" / "gen_multiturn_trace.py"
+MULTITURN_ARGS = ("--sessions", "3000", "--session-rate", "1.0")
+MULTITURN_BLOCKS = 4096
+MOONCAKE = SHARED / "traces" / "mooncake_synthetic_trace.jsonl.gz"
+MOONCAKE_BLOCKS = (EngineConfig().num_gpu_blocks, 16384)
+TARGET_REQUESTS_PER_S = 10_000
+"""Issue 11: the multi-turn trace, actor backend, fast-forward (Dynamo's mocker: ~10,000)."""
+SLOW_S = 10.0
+"""A run that takes longer than this is not repeated (the figure is then one run)."""
 
 
 class ActorTurnTimer:
@@ -67,7 +120,7 @@ class ActorTurnTimer:
             )
 
         self._original = original
-        Actor.__init__ = init  # type: ignore[method-assign]
+        Actor.__init__ = init  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -141,19 +194,288 @@ def profile_shares(requests: list[RequestSpec], workers: int, factory: KvFactory
         print(f"    {name:28s} {100 * seconds / grand:5.1f}%")
 
 
-def main() -> None:
-    """Run the benchmark and print its figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="runs per backend (best kept)")
-    parser.add_argument("--workers", type=int, default=1, help="engines (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
-    args = parser.parse_args()
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """The best of one or more runs of the same simulation."""
 
+    runs: int
+    wall_s: float
+    simulated_s: float
+    total: WorkerReport
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.total.requests_submitted / self.wall_s
+
+    def how(self) -> str:
+        return f"best of {self.runs}" if self.runs > 1 else "one run"
+
+
+def run_trace(
+    requests: Iterable[RequestSpec],
+    config: EngineConfig,
+    backend: str,
+    fast_forward: bool,
+    wrap_kv: Callable[[KvClient], KvClient] | None = None,
+) -> tuple[SimulationRun, float]:
+    """One plain `run_simulation` (one worker, uvloop) and its wall seconds."""
+
+    async def go() -> SimulationRun:
+        return await run_simulation(
+            requests,
+            config,
+            kv_factory=KV_BACKENDS[backend],
+            fast_forward=fast_forward,
+            wrap_kv=wrap_kv,
+        )
+
+    gc.collect()  # the last run's garbage is not this run's to collect
+    start = time.perf_counter()
+    run = anyio.run(go, backend="asyncio", backend_options={"use_uvloop": True})
+    return run, time.perf_counter() - start
+
+
+def best_of(repeat: int, once: Callable[[], tuple[SimulationRun, float]]) -> Timed:
+    """Run ``once`` up to ``repeat`` times (once only if it takes over `SLOW_S`); keep
+    the fastest run's figures, not the run itself (its samples are large)."""
+    best: Timed | None = None
+    for runs in range(1, repeat + 1):
+        run, wall = once()
+        total = run.report.total
+        assert total.leaked_blocks == 0
+        if best is None or wall < best.wall_s:
+            best = Timed(runs, wall, run.report.simulated_s, total)
+        else:
+            best = Timed(runs, best.wall_s, best.simulated_s, best.total)
+        del run
+        if wall > SLOW_S:
+            break
+    assert best is not None
+    return best
+
+
+class StepCounter:
+    """Counts, while active, the engine steps taken one at a time (`MockEngine.step`) and
+    the fast-forward jumps (`MockEngine.fast_forward` calls that jumped) and the steps
+    they covered. Patches `MockEngine`; ``ok`` is False if it cannot (a compiled class)."""
+
+    def __init__(self) -> None:
+        self.steps = self.jumps = self.jumped = 0
+        self.ok = False
+
+    def __enter__(self) -> StepCounter:
+        from kvpool.engine import MockEngine, StepResult
+
+        self._step = step = MockEngine.step
+        self._fast_forward = fast_forward = MockEngine.fast_forward
+        counter = self
+
+        async def counted_step(engine: MockEngine) -> StepResult:
+            counter.steps += 1
+            return await step(engine)
+
+        async def counted_fast_forward(engine: MockEngine, until: float = math.inf) -> int:
+            jumped = await fast_forward(engine, until)
+            if jumped:
+                counter.jumps += 1
+                counter.jumped += jumped
+            return jumped
+
+        try:
+            MockEngine.step = counted_step  # type: ignore[method-assign,assignment]
+            MockEngine.fast_forward = counted_fast_forward  # type: ignore[method-assign,assignment]
+        except (TypeError, AttributeError):  # a mypyc-compiled class
+            self.__exit__()
+        else:
+            self.ok = True
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        from kvpool.engine import MockEngine
+
+        try:
+            MockEngine.step = self._step  # type: ignore[method-assign]
+            MockEngine.fast_forward = self._fast_forward  # type: ignore[method-assign]
+        except (TypeError, AttributeError):
+            pass
+
+
+class CountingKv:
+    """A KV client that counts the calls of each of its methods, by name, in ``counts``
+    (every other attribute is the wrapped client's)."""
+
+    def __init__(self, inner: KvClient, counts: Counter[str]) -> None:
+        self._inner = inner
+        self._counts = counts
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+        counts = self._counts
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+    @staticmethod
+    def wrapper(counts: Counter[str]) -> Callable[[KvClient], KvClient]:
+        """A ``wrap_kv`` that counts into ``counts``."""
+        return lambda kv: cast(KvClient, CountingKv(kv, counts))
+
+
+def describe_calls(counts: Counter[str]) -> str:
+    """``N (method n, ...)``: the total and the most frequent methods."""
+    top = counts.most_common(5)
+    rest = counts.total() - sum(n for _, n in top)
+    parts = [f"{name} {n:,}" for name, n in top] + ([f"other {rest:,}"] if rest else [])
+    return f"{counts.total():,} ({', '.join(parts)})"
+
+
+def differences(first: WorkerReport, second: WorkerReport) -> list[str]:
+    """The names of the report fields in which two runs differ."""
+    return [
+        name for name in first.__struct_fields__ if getattr(first, name) != getattr(second, name)
+    ]
+
+
+def read_trace(path: Path) -> tuple[MooncakeTrace, float]:
+    """The trace as ``kvpool simulate --trace`` opens it, and the seconds its validation
+    pass took (the CLI's, before the run starts)."""
+    start = time.perf_counter()
+    trace = MooncakeTrace(path)
+    return trace, time.perf_counter() - start
+
+
+def multiturn_trace(path: Path | None, workdir: Path) -> Path | None:
+    """``path``, or the multi-turn trace generated into ``workdir`` (None, with a note,
+    if the generator is missing)."""
+    if path is not None:
+        return path
+    if not GENERATOR.is_file():
+        print(f"\nmulti-turn trace: skipped, no generator at {GENERATOR}")
+        return None
+    out = workdir / "synth.jsonl"
+    subprocess.run(
+        [sys.executable, str(GENERATOR), *MULTITURN_ARGS, "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def row(label: str, timed: Timed, note: str = "") -> None:
+    print(
+        f"  {label:24s} {timed.how():>10s} {timed.wall_s:9.2f} s "
+        f"{timed.requests_per_s:10,.0f} {note}".rstrip()
+    )
+
+
+def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: str) -> None:
+    """Issue 11's multi-turn trace: fast-forward against the target, and step by step."""
+    if not path.is_file():
+        print(f"\nmulti-turn trace: skipped, no file {path}")
+        return
+    trace, validate_s = read_trace(path)
+    config = EngineConfig(num_gpu_blocks=MULTITURN_BLOCKS)
+    with trace:
+        print(
+            f"\nmulti-turn trace {path} ({len(trace)} requests; validated in "
+            f"{validate_s:.2f} s before the run, as the CLI does, not counted below)"
+        )
+        print(
+            f"  --num-gpu-blocks {MULTITURN_BLOCKS}, 1 worker, other flags default, uvloop; "
+            f"reproduce: {reproduce}"
+        )
+        print(f"  {'backend, path':24s} {'runs':>10s} {'wall time':>11s} {'req/wall s':>10s}")
+        fast_total: WorkerReport | None = None
+        for backend in ("actor", "local"):
+            fast = best_of(repeat, functools.partial(run_trace, trace, config, backend, True))
+            met = "met" if fast.requests_per_s >= TARGET_REQUESTS_PER_S else "NOT met"
+            target = f"(target >= {TARGET_REQUESTS_PER_S:,}: {met})" if backend == "actor" else ""
+            row(f"{backend}, fast-forward", fast, target)
+            fast_total = fast.total
+            if step_by_step:
+                slow = best_of(1, functools.partial(run_trace, trace, config, backend, False))
+                differ = differences(fast.total, slow.total)
+                if slow.simulated_s != fast.simulated_s:
+                    differ.append("simulated_s")
+                same = "same totals" if not differ else "totals DIFFER: " + ", ".join(differ)
+                row(
+                    f"{backend}, step by step",
+                    slow,
+                    f"(fast-forward's speedup {slow.wall_s / fast.wall_s:.1f}x; {same})",
+                )
+        assert fast_total is not None
+        # untimed runs, counting (local backend: the engine makes the same calls on both)
+        counter = StepCounter()
+        calls: Counter[str] = Counter()
+        with counter:
+            run_trace(trace, config, "local", True, CountingKv.wrapper(calls))
+        total = fast_total
+        if counter.ok:
+            print(
+                f"  steps simulated {total.steps:,}; taken one at a time {counter.steps:,}, "
+                f"the other {counter.jumped:,} in {counter.jumps:,} fast-forward jumps "
+                f"({100 * counter.jumped / max(total.steps, 1):.0f}% of steps jumped)"
+            )
+        else:
+            print(f"  steps simulated {total.steps:,} (steps taken: MockEngine is compiled)")
+        print(f"  KV calls (actor round trips), fast-forward: {describe_calls(calls)}")
+        if step_by_step:
+            calls = Counter()
+            run_trace(trace, config, "local", False, CountingKv.wrapper(calls))
+            print(f"  KV calls, step by step: {describe_calls(calls)}")
+        print(
+            f"  simulated {total.simulated_s:,.0f} s; preemptions {total.preemptions}, "
+            f"evictions {total.evictions}, hit rate "
+            f"{100 * (total.prefix_cache_hit_rate or 0.0):.1f}%"
+        )
+
+
+def mooncake_section(path: Path, repeat: int, reproduce: str) -> None:
+    """Mooncake's synthetic trace, actor backend, fast-forward, two pool sizes."""
+    if not path.is_file():
+        print(f"\nMooncake trace: skipped, no file {path}")
+        return
+    trace, validate_s = read_trace(path)
+    with trace:
+        print(
+            f"\nMooncake trace {path} ({len(trace)} requests; validated in "
+            f"{validate_s:.2f} s before the run, not counted below)"
+        )
+        print(
+            "  actor backend, fast-forward, 1 worker, other flags default, uvloop; "
+            f"reproduce: {reproduce}"
+        )
+        print(
+            f"  {'--num-gpu-blocks':24s} {'runs':>10s} {'wall time':>11s} {'req/wall s':>10s}"
+            "  ms/request"
+        )
+        for blocks in MOONCAKE_BLOCKS:
+            config = EngineConfig(num_gpu_blocks=blocks)
+            timed = best_of(repeat, functools.partial(run_trace, trace, config, "actor", True))
+            total = timed.total
+            default = " (default)" if blocks == EngineConfig().num_gpu_blocks else ""
+            row(
+                f"{blocks}{default}",
+                timed,
+                f"{1e3 * timed.wall_s / total.requests_submitted:11.2f}   "
+                f"(preemptions {total.preemptions}, hit rate "
+                f"{100 * (total.prefix_cache_hit_rate or 0.0):.1f}%, "
+                f"{total.steps:,} steps)",
+            )
+
+
+def embedded_section(args: argparse.Namespace) -> None:
+    """The embedded default workload on every backend, as before issue 11."""
     requests = default_workload(args.seed)
     print(
         f"embedded default workload: {len(requests)} requests, seed {args.seed}, "
-        f"{args.workers} worker(s), default engine flags, uvloop"
+        f"{args.workers} worker(s), default engine flags, uvloop; reproduce: "
+        "python benchmarks/bench_engine.py"
     )
     for name, factory in KV_BACKENDS.items():
         best: tuple[float, float, float, SimulationRun] | None = None
@@ -189,6 +511,80 @@ def main() -> None:
         if not args.no_profile:
             print("  cProfile, share of profiled time:")
             profile_shares(requests, args.workers, factory)
+
+
+def describe_build() -> str:
+    """The commit measured and which kvpool modules run compiled."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    compiled = sorted(
+        name
+        for name, module in sys.modules.items()
+        if name.startswith("kvpool.") and (getattr(module, "__file__", None) or "").endswith(".so")
+    )
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"commit {commit}, Python {platform.python_version()}, {os.cpu_count()} cores, "
+        f"load average {load}; compiled: {', '.join(compiled) or 'nothing (pure Python)'}"
+    )
+
+
+def main() -> None:
+    """Run the benchmark and print its figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per fast variant (best kept)")
+    parser.add_argument("--workers", type=int, default=1, help="engines (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
+    parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="also run the multi-turn and Mooncake traces (from ../shared unless named)",
+    )
+    parser.add_argument(
+        "--multiturn",
+        type=Path,
+        metavar="PATH",
+        help="the multi-turn trace, already generated (default: generate it with "
+        f"{GENERATOR} {' '.join(MULTITURN_ARGS)})",
+    )
+    parser.add_argument(
+        "--mooncake",
+        type=Path,
+        metavar="PATH",
+        help=f"Mooncake's synthetic trace (default: {MOONCAKE})",
+    )
+    parser.add_argument(
+        "--no-step-by-step",
+        action="store_true",
+        help="skip the step-by-step runs of the multi-turn trace (about a minute each)",
+    )
+    parser.add_argument(
+        "--no-embedded", action="store_true", help="skip the embedded default workload"
+    )
+    args = parser.parse_args()
+
+    print(describe_build())
+    command = "python benchmarks/bench_engine.py --no-embedded "
+    if not args.no_embedded:
+        embedded_section(args)
+    if args.traces or args.multiturn is not None:
+        with tempfile.TemporaryDirectory(prefix="bench_engine_") as workdir:
+            path = multiturn_trace(args.multiturn, Path(workdir))
+            if path is not None:
+                named = "--traces" if args.multiturn is None else f"--multiturn {path}"
+                multiturn_section(path, args.repeat, not args.no_step_by_step, command + named)
+    if args.traces or args.mooncake is not None:
+        named = "--traces" if args.mooncake is None else f"--mooncake {args.mooncake}"
+        mooncake_section(args.mooncake or MOONCAKE, args.repeat, command + named)
 
 
 if __name__ == "__main__":
