@@ -564,8 +564,12 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def unallocate(self, data: st.DataObject) -> None:
         """Undo an allocation: mostly a copy holding exactly one reference, its unit
-        back to a reservation or (None) to free capacity; sometimes any id."""
-        real_id, model_id = self._pick_block(data, lambda c: (c.refs, c.pins) == (1, 0))
+        back to a reservation or (None) to free capacity; one time in four a shared or
+        pinned copy (refused); sometimes any id."""
+        if data.draw(st.integers(0, 3)) == 0:
+            real_id, model_id = self._pick_block(data, lambda c: c.refs + c.pins > 1)
+        else:
+            real_id, model_id = self._pick_block(data, lambda c: (c.refs, c.pins) == (1, 0))
         if data.draw(st.integers(0, 3)) == 0:
             real_res, model_res = None, None
         else:
