@@ -58,8 +58,6 @@ import cProfile
 import functools
 import gc
 import math
-import os
-import platform
 import pstats
 import subprocess
 import sys
@@ -72,6 +70,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import anyio
+from build_info import REPO, describe_build  # benchmarks/ is the script's path
 
 from kvpool.engine import EngineConfig, KvClient, TimedKvClient
 from kvpool.engine.report import WorkerReport
@@ -84,7 +83,6 @@ direct turns and a deque mailbox, measured 2026-12-01 on the 2-core EPYC VM minu
 from 3379ac5 (0.73-0.88 s over three runs; the 1.09 s first recorded on 2026-11-30 was
 on a busier machine)."""
 
-REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 """The shared directory beside the repository (``../shared``): traces and their generator."""
 GENERATOR = SHARED / "bench" / "gen_multiturn_trace.py"
@@ -513,30 +511,6 @@ def embedded_section(args: argparse.Namespace) -> None:
         if not args.no_profile:
             print("  cProfile, share of profiled time:")
             profile_shares(requests, args.workers, factory)
-
-
-def describe_build() -> str:
-    """The commit measured and which kvpool modules run compiled."""
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    compiled = sorted(
-        name
-        for name, module in sys.modules.items()
-        if name.startswith("kvpool.") and (getattr(module, "__file__", None) or "").endswith(".so")
-    )
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"commit {commit}, Python {platform.python_version()}, {os.cpu_count()} cores, "
-        f"load average {load}; compiled: {', '.join(compiled) or 'nothing (pure Python)'}"
-    )
 
 
 def main() -> None:

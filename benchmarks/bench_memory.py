@@ -36,7 +36,6 @@ import dataclasses
 import gc
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -49,7 +48,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from build_info import REPO, describe_build  # benchmarks/ is the script's path
+
 GENERATOR = REPO.parent / "shared" / "bench" / "gen_multiturn_trace.py"
 SESSIONS = 40_000
 SESSION_RATE = "1.0"
@@ -57,25 +57,6 @@ BLOCKS = 4096
 TARGET_MB = 500
 TARGET_REQUESTS = 120_000
 MB = 1_000_000
-
-
-def describe_build() -> str:
-    """The commit measured, and the machine."""
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"commit {commit}, Python {platform.python_version()}, {os.cpu_count()} cores, "
-        f"load average {load}"
-    )
 
 
 def default_trace(sessions: int) -> Path:
@@ -327,7 +308,7 @@ def main() -> None:
         help="with --breakdown: trace the whole run, for the allocation sites (slower)",
     )
     args, extra = parser.parse_known_args()
-    print(describe_build())
+    print(describe_build(compiled=False))
     trace: Path = args.trace or default_trace(args.sessions)
     if args.generate:
         generate(trace, args.sessions)
