@@ -658,3 +658,23 @@ def test_new_tokens_stay_appended_when_the_blocks_do_not_fit() -> None:
     assert two.allocate("a", 5) is None
     assert one.allocate("a", 5, new_tokens=[7]) is None
     assert same_state(one, two)
+
+
+def test_a_step_allocation_is_an_allocation_then_a_drain_and_a_stats_read() -> None:
+    """allocate_step(...) returns what allocate(..., cache=True), take_events() and
+    stats() would, in one call, and leaves the manager as they would."""
+    one, two = make(capacity=4), make(capacity=4)
+    for manager in (one, two):
+        run(manager, "a", list(range(8)))
+        manager.free("a")  # two cached blocks, idle: the next allocation evicts them
+        manager.add_request("b", list(range(50, 62)))
+    expected = two.allocate("b", 12, cache=True)
+    events, stats = two.take_events(), two.stats()
+    got = one.allocate_step("b", 12)
+    assert got.allocation is not None
+    assert expected is not None
+    assert len(got.allocation.block_ids) == len(expected.block_ids)
+    assert got.allocation.removed == expected.removed != []
+    assert (got.events, got.stats) == (events, stats)
+    assert one.num_pending_events == 0
+    assert same_state(one, two)

@@ -23,7 +23,7 @@ from kvpool.errors import (
 from kvpool.events import decode_batch, encode_batch
 from kvpool.manager import KvManager, ManagerClient, open_manager
 from kvpool.manager.handlers import ManagerHandlers
-from kvpool.manager.messages import AddRequest, AllocateSlots, TakeEvents
+from kvpool.manager.messages import AddRequest, AllocateSlots, AllocateStep, TakeEvents
 from kvpool.pool import BlockPool
 
 BS = 4
@@ -331,6 +331,25 @@ def test_undoing_an_unread_allocation_gives_the_blocks_back() -> None:
     handlers.undo_allocate(message, reply)  # type: ignore[arg-type]
     assert manager.pool.num_active() == 0
     assert manager.num_blocks("a") == 0
+    manager.check_invariants()
+
+
+def test_undoing_an_unread_step_allocation_gives_back_its_blocks_and_its_events() -> None:
+    """An `AllocateStep` whose caller never read the reply: its blocks go back and the
+    events it drained (an older one included) are queued again, oldest first."""
+    handlers, manager = _handlers()
+    manager.add_request("old", list(range(100, 104)))
+    assert manager.allocate("old", 4, cache=True) is not None  # one Stored queued
+    manager.add_request("a", list(range(9)))
+    message = AllocateStep("a", 9)
+    reply = handlers.allocate_step(message)
+    assert reply.allocation is not None
+    assert [len(e.block_hashes) for e in reply.events] == [1, 2]  # old's, then a's
+    assert manager.num_pending_events == 0
+    handlers.undo_allocate_step(message, reply)
+    assert manager.num_blocks("a") == 0
+    assert manager.pool.num_active() == 1  # old's block only
+    assert manager.take_events() == reply.events
     manager.check_invariants()
 
 

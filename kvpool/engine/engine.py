@@ -22,9 +22,11 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
 3. *Execution*: the simulated clock advances by the timing model's step time; each
    scheduled request's computed count grows; a request that has computed all its tokens
    samples one, and finishes, releasing its blocks leaf first, after its last output
-   token. The frees reach the manager in one `KvClient.finish_step` call, which also
-   drains the step's KV events (one `KVEventBatch` to the sink, if any) and reads the
-   KV usage.
+   token. Each allocation (`KvClient.allocate_step`) also drains the events queued so
+   far and reads the counters, and the engine counts the blocks it was given, so only
+   a step that finished, preempted or aborted a request needs `KvClient.finish_step`:
+   the frees, then the rest of the events and the usage. The step's events go out as
+   one `KVEventBatch` to the sink, if any.
 
 *Same-step visibility* (vLLM v1's ``KVCacheManager.allocate_slots``, which Dynamo's
 mocker follows): when a request is scheduled, its full blocks through its computed plus
@@ -66,6 +68,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 
 import msgspec
 
@@ -76,7 +79,8 @@ from kvpool.engine.request import EngineRequest
 from kvpool.engine.stepping import apply_jump, apply_step, plan_jump, schedule_fitting, step_work
 from kvpool.engine.timing import DynamoTiming, StepWork
 from kvpool.errors import InvalidArgumentError
-from kvpool.events import EventSink, KVEventBatch
+from kvpool.events import EventSink, KVEvent, KVEventBatch
+from kvpool.manager import Allocation
 from kvpool.workloads import RequestSpec
 
 _CONTEXT_FREE_TIMING = (TimingModel, DynamoTiming)
@@ -144,11 +148,13 @@ class MockEngine:
         # the admission check never reads it stale) until it is re-read after the
         # schedule, so the timing model sees the pool after the step's allocations.
         self._num_active = -1
-        # Whether a KV call since the last `finish_step` may have queued an event or
-        # moved the usage or the counters (an allocation, a preemption, an admission or
-        # an abort). A step with no update to send and nothing dirty skips the call:
-        # it would drain nothing and read what the engine already knows.
+        # Whether a KV call since the last `finish_step` changed the usage in a way the
+        # engine does not count itself (a preemption or an abort frees blocks others may
+        # share). Allocations (`KvClient.allocate_step`) drain their events and read the
+        # counters in the same call, and their blocks are counted here, so a step whose
+        # only KV work is allocations, with nothing finished, needs no `finish_step`.
         self._dirty = True
+        self._step_events: list[KVEvent] = []  # drained by this step's allocations
 
     def __repr__(self) -> str:
         return (
@@ -214,7 +220,6 @@ class MockEngine:
             stats.requests.append(EngineRequest(spec, arrived).record(self.rank, rejected=True))
             return False
         await self.kv.add_request(spec.request_id, spec.prompt_token_ids())
-        self._dirty = True
         stats.submitted += 1
         self.waiting.append(EngineRequest(spec, arrived))
         return True
@@ -251,6 +256,7 @@ class MockEngine:
         if not self.has_work:
             raise RuntimeError("step() of an idle engine")
         self._preempted = []
+        self._step_events = []
         if self._num_active < 0:
             self._num_active = (await self.kv.usage()).num_active
         scheduled = await self._schedule()
@@ -366,7 +372,6 @@ class MockEngine:
     async def _schedule(self) -> dict[EngineRequest, int]:
         """Pick this step's requests and token counts, allocating and preempting."""
         config = self.config
-        kv = self.kv
         bs = config.block_size
         lifo = config.preemption_mode == "lifo"
         budget = config.max_num_batched_tokens
@@ -389,10 +394,7 @@ class MockEngine:
             pending = request.take_pending() if request.has_pending else ()
             fits = False
             while not fits:
-                self._dirty = True
-                allocation = await kv.allocate(
-                    request.request_id, target, cache=True, new_tokens=pending
-                )
+                allocation = await self._allocate(request, target, pending)
                 pending = ()
                 if allocation is not None:
                     self._num_active += len(allocation.block_ids)  # fresh blocks only
@@ -423,8 +425,7 @@ class MockEngine:
             if admission is None:
                 break
             cached, num_new, fresh, inactive_cached = admission
-            self._dirty = True
-            allocation = await kv.allocate(request.request_id, cached + num_new, cache=True)
+            allocation = await self._allocate(request, cached + num_new, ())
             if allocation is None:
                 break
             if allocation.cached_blocks * bs != cached:
@@ -443,6 +444,21 @@ class MockEngine:
             scheduled[request] = num_new
             budget -= num_new
         return scheduled
+
+    async def _allocate(
+        self, request: EngineRequest, num_tokens: int, new_tokens: Sequence[int]
+    ) -> Allocation | None:
+        """Allocate (and cache) through ``num_tokens`` for ``request``, keeping the events
+        and counters the call drained for this step's end."""
+        outcome = await self.kv.allocate_step(request.request_id, num_tokens, new_tokens=new_tokens)
+        if outcome.events:
+            self._step_events.extend(outcome.events)
+        stats = self.stats
+        counters = outcome.stats
+        stats.evictions = counters.evictions
+        stats.prefix_query_tokens = counters.prefix_query_tokens
+        stats.prefix_hit_tokens = counters.prefix_hit_tokens
+        return outcome.allocation
 
     async def _admission(
         self, request: EngineRequest, budget: int
@@ -495,7 +511,6 @@ class MockEngine:
         kv = self.kv
         stats = self.stats
         bs = self.config.block_size
-        caching = self.config.enable_prefix_caching
         work = step_work(scheduled, self._num_active, self.config.num_gpu_blocks, bs)
         duration = self.config.timing.duration(work)
         self.clock += duration
@@ -505,38 +520,36 @@ class MockEngine:
         stats.prefill_tokens += work.prefill_tokens
         stats.decode_tokens += work.decode_seqs
 
-        updates, finished = apply_step(scheduled, now, stats, bs, caching, self.rank)
+        updates, finished = apply_step(scheduled, now, stats, self.rank)
         if finished:
             self.running = [r for r in self.running if r.finish_s is None]
 
-        if not updates and not self._dirty:
-            # nothing to tell the manager, and it has nothing new to tell: the usage
-            # and the counters are what the last call read
-            stats.record_sample(
-                now,
-                self._num_active / self.config.num_gpu_blocks,
-                stats.prefix_query_tokens,
-                stats.prefix_hit_tokens,
-            )
-            return duration, finished
-        outcome = await kv.finish_step(updates)
-        self._dirty = False
-        if outcome.events:
+        events = self._step_events
+        if updates or self._dirty:
+            outcome = await kv.finish_step(updates)
+            self._dirty = False
+            events = events + outcome.events if events else outcome.events
+            self._num_active = outcome.usage.num_active
+            # The pool counts evictions and the manager prefix queries and hits.
+            stats.evictions = outcome.stats.evictions
+            stats.prefix_query_tokens = outcome.stats.prefix_query_tokens
+            stats.prefix_hit_tokens = outcome.stats.prefix_hit_tokens
+        # else: nothing finished or was freed; this step's allocations drained their own
+        # events and counters, and their blocks are in the engine's count
+        if events:
             stats.event_batches += 1
             if self.sink is not None:
                 self.sink.publish(
                     KVEventBatch(
                         ts=self.epoch + now * self.ts_scale,
-                        events=outcome.events,
+                        events=events,
                         data_parallel_rank=self.rank,
                     )
                 )
-        self._num_active = outcome.usage.num_active
-        # The pool counts evictions and the manager prefix queries and hits: read them.
-        stats.evictions = outcome.stats.evictions
-        stats.prefix_query_tokens = outcome.stats.prefix_query_tokens
-        stats.prefix_hit_tokens = outcome.stats.prefix_hit_tokens
         stats.record_sample(
-            now, outcome.usage.fraction, stats.prefix_query_tokens, stats.prefix_hit_tokens
+            now,
+            self._num_active / self.config.num_gpu_blocks,
+            stats.prefix_query_tokens,
+            stats.prefix_hit_tokens,
         )
         return duration, finished

@@ -20,6 +20,7 @@ from kvpool.manager import (
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    ScheduledAllocation,
     StepOutcome,
     StepUpdate,
 )
@@ -87,6 +88,17 @@ class KvClient(Protocol):
         visible (vLLM's ``allocate_slots``).
 
         Raises `UnknownRequestError`, `TokenCountError`, `CapacityError`.
+        """
+        ...
+
+    async def allocate_step(
+        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
+    ) -> ScheduledAllocation:
+        """The scheduler's allocation (``allocate(..., cache=True, new_tokens=...)``) and,
+        in the same call, the events queued so far, drained, and the counters after it:
+        a step whose only KV work is allocations needs no `finish_step`.
+
+        Raises what `allocate` raises.
         """
         ...
 
@@ -193,6 +205,11 @@ class LocalKvClient:
     ) -> Allocation | None:
         return self._manager.allocate(request_id, num_tokens, cache=cache, new_tokens=new_tokens)
 
+    async def allocate_step(
+        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
+    ) -> ScheduledAllocation:
+        return self._manager.allocate_step(request_id, num_tokens, new_tokens=new_tokens)
+
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         self._manager.mark_computed(request_id, num_computed_tokens)
 
@@ -260,6 +277,13 @@ class TimedKvClient:
     ) -> Allocation | None:
         return await self._timed(
             self._inner.allocate(request_id, num_tokens, cache=cache, new_tokens=new_tokens)
+        )
+
+    async def allocate_step(
+        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
+    ) -> ScheduledAllocation:
+        return await self._timed(
+            self._inner.allocate_step(request_id, num_tokens, new_tokens=new_tokens)
         )
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:

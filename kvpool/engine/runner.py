@@ -34,7 +34,8 @@ async def open_local_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[Kv
 @asynccontextmanager
 async def open_actor_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[KvClient]:
     """A `kvpool.manager.ManagerClient`: the manager behind its own actor (started and
-    stopped with the context), one `FinishStep` turn per engine step."""
+    stopped with the context): a turn per allocation, and a `FinishStep` for a step that
+    finished or preempted a request."""
     async with open_manager(
         config.num_gpu_blocks,
         config.block_size,

@@ -86,22 +86,17 @@ def step_work(
 
 
 def apply_step(
-    scheduled: dict[EngineRequest, int],
-    now: float,
-    stats: EngineStats,
-    block_size: int,
-    caching: bool,
-    rank: int,
+    scheduled: dict[EngineRequest, int], now: float, stats: EngineStats, rank: int
 ) -> tuple[list[StepUpdate], list[str]]:
     """Apply a step that ended at ``now`` to its requests and ``stats``; return the
-    manager's updates (in schedule order) and the ids of the requests that finished.
+    manager's updates (the finished requests' frees, in schedule order) and the ids of
+    the requests that finished.
 
     Every block the computed tokens fill was made visible when they were scheduled. A
     request that computed all its tokens samples one: its first (TTFT) or the next (an
     inter-token gap); its last finishes it, and that token is never computed, so it
-    never reaches the manager. A request whose next decode will allocate (its table
-    grows or a block fills) hands its generated tokens over in this step's updates, so
-    that allocation needs no call of its own to send them.
+    never reaches the manager. The other generated tokens reach it with the allocation
+    that needs them (`EngineRequest.take_pending`).
     """
     finished: list[str] = []
     updates: list[StepUpdate] = []
@@ -129,9 +124,7 @@ def apply_step(
         request.num_output += 1
         stats.generated_tokens += 1
         if request.num_output < output_length:
-            request.num_tokens = n = request.num_tokens + 1
-            if -(-n // block_size) > request.num_blocks or (caching and n % block_size == 0):
-                updates.append(StepUpdate(request.request_id, request.take_pending(), -1, False))
+            request.num_tokens += 1
             continue
         updates.append(StepUpdate(request.request_id, [], -1, True))
         request.finish_s = now

@@ -15,6 +15,7 @@ from kvpool.manager.types import (
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    ScheduledAllocation,
     StepOutcome,
     StepUpdate,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "ManagerStats",
     "PoolUsage",
     "PrefillCost",
+    "ScheduledAllocation",
     "StepOutcome",
     "StepUpdate",
     "open_manager",

@@ -32,6 +32,7 @@ from kvpool.manager.kv_manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,
+    AllocateStep,
     AllocationReply,
     AppendTokens,
     CheckManager,
@@ -51,6 +52,7 @@ from kvpool.manager.types import (
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    ScheduledAllocation,
     StepOutcome,
     StepUpdate,
 )
@@ -126,6 +128,16 @@ class ManagerClient:
             AllocateSlots(request_id, num_tokens, wait, cache, new_tokens)  # type: ignore[arg-type]
         )
         return reply.allocation
+
+    async def allocate_step(
+        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
+    ) -> ScheduledAllocation:
+        """A scheduler's allocation and, in the same turn, the events queued so far and
+        the counters after it (`KvManager.allocate_step`). Raises what `allocate` does."""
+        reply: ScheduledAllocation = await self._call(
+            AllocateStep(request_id, num_tokens, new_tokens)  # type: ignore[arg-type]
+        )
+        return reply
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """Record the computed-token count, making covered full blocks visible.

@@ -9,6 +9,8 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `AllocateSlots` hands blocks out: undone by `KvManager.undo_allocation` (released
   leaf first, computed count clipped). A BlockRemoved for what its reserve evicted
   stays queued, as those hashes really are gone.
+- `AllocateStep` hands blocks and events out: undone as `AllocateSlots`, then its events
+  put back ahead of newer ones.
 - `TakeEvents` hands events out: undone by putting them back ahead of newer ones.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
@@ -28,6 +30,7 @@ from kvpool.manager.kv_manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,
+    AllocateStep,
     AllocationReply,
     AppendTokens,
     CheckManager,
@@ -42,7 +45,7 @@ from kvpool.manager.messages import (
     PrefillCostReply,
     TakeEvents,
 )
-from kvpool.manager.types import StepOutcome
+from kvpool.manager.types import ScheduledAllocation, StepOutcome
 from kvpool.messages import DoneReply
 
 _DONE = DoneReply()
@@ -61,6 +64,7 @@ class ManagerHandlers:
         """The manager protocol's handler table."""
         return {
             AllocateSlots: Handler(self.allocate, undo=self.undo_allocate, waits=_waits),
+            AllocateStep: Handler(self.allocate_step, undo=self.undo_allocate_step),
             MarkComputed: Handler(self.mark_computed),
             AppendTokens: Handler(self.append_tokens),
             AddRequest: Handler(self.add_request, undo=self.undo_add_request),
@@ -91,6 +95,16 @@ class ManagerHandlers:
     def undo_allocate(self, message: AllocateSlots, reply: AllocationReply) -> None:
         if reply.allocation is not None:
             self.manager.undo_allocation(message.request_id, reply.allocation)
+
+    def allocate_step(self, message: AllocateStep) -> ScheduledAllocation:
+        return self.manager.allocate_step(
+            message.request_id, message.num_tokens, new_tokens=message.new_tokens
+        )
+
+    def undo_allocate_step(self, message: AllocateStep, reply: ScheduledAllocation) -> None:
+        if reply.allocation is not None:
+            self.manager.undo_allocation(message.request_id, reply.allocation)
+        self.manager.restore_events(reply.events)
 
     def mark_computed(self, message: MarkComputed) -> DoneReply:
         self.manager.mark_computed(message.request_id, message.num_computed_tokens)

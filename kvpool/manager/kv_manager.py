@@ -48,6 +48,7 @@ from kvpool.manager.types import (
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    ScheduledAllocation,
     StepOutcome,
     StepUpdate,
 )
@@ -288,6 +289,19 @@ class KvManager:
         if cache:
             self._advance(state, num_tokens)
         return Allocation(new_ids, len(prefix), list(removed))
+
+    def allocate_step(
+        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
+    ) -> ScheduledAllocation:
+        """A scheduler's allocation, ``allocate(..., cache=True, new_tokens=...)``, that
+        also drains the events queued so far and reads the counters after it: a step
+        whose only KV work is allocations then needs no `finish_step` (the scheduler
+        knows the blocks it was given, so the occupancy too). Raises what `allocate`
+        raises, before anything changes."""
+        allocation = self.allocate(request_id, num_tokens, cache=True, new_tokens=new_tokens)
+        events = self._events
+        self._events = []
+        return ScheduledAllocation(allocation, events, self.stats())
 
     def undo_allocation(self, request_id: str, allocation: Allocation) -> bool:
         """Give back what `allocate` added, leaf first: the hook for a caller that never

@@ -13,7 +13,14 @@ from typing import TypeAlias
 import msgspec
 
 from kvpool.events import KVEvent
-from kvpool.manager.types import Allocation, ManagerStats, PrefillCost, StepOutcome, StepUpdate
+from kvpool.manager.types import (
+    Allocation,
+    ManagerStats,
+    PrefillCost,
+    ScheduledAllocation,
+    StepOutcome,
+    StepUpdate,
+)
 from kvpool.messages import DoneReply, ErrorReply
 
 
@@ -50,6 +57,16 @@ class AllocateSlots(msgspec.Struct, frozen=True, gc=False, tag=True):
     num_tokens: int
     wait: bool = False
     cache: bool = False
+    new_tokens: list[int] = []
+
+
+class AllocateStep(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.allocate_step``: a scheduler's allocation (``cache`` on, ``new_tokens``
+    appended first) that also drains the events and reads the counters; the reply is the
+    `ScheduledAllocation` itself."""
+
+    request_id: str
+    num_tokens: int
     new_tokens: list[int] = []
 
 
@@ -92,6 +109,7 @@ class CheckManager(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 ManagerRequest: TypeAlias = (
     AllocateSlots
+    | AllocateStep
     | MarkComputed
     | AppendTokens
     | AddRequest
@@ -138,6 +156,7 @@ ManagerReply: TypeAlias = (
     | PrefillCostReply
     | EventsReply
     | StepOutcome
+    | ScheduledAllocation
     | ManagerStatsReply
     | DoneReply
     | ErrorReply
@@ -164,6 +183,7 @@ def decode(data: bytes) -> ManagerMessage:
 __all__ = [
     "AddRequest",
     "AllocateSlots",
+    "AllocateStep",
     "AllocationReply",
     "AppendTokens",
     "CheckManager",

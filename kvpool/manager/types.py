@@ -95,4 +95,21 @@ class StepOutcome(msgspec.Struct, frozen=True, gc=False, tag=True):
     stats: ManagerStats
 
 
-__all__ = ["Allocation", "ManagerStats", "PoolUsage", "PrefillCost", "StepOutcome", "StepUpdate"]
+class ScheduledAllocation(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """A scheduler's allocation (`KvManager.allocate_step`): the `Allocation` (None: it
+    did not fit), the events queued so far, drained, and the counters after it."""
+
+    allocation: Allocation | None
+    events: list[KVEvent]
+    stats: ManagerStats
+
+
+__all__ = [
+    "Allocation",
+    "ManagerStats",
+    "PoolUsage",
+    "PrefillCost",
+    "ScheduledAllocation",
+    "StepOutcome",
+    "StepUpdate",
+]
