@@ -299,9 +299,7 @@ class KvManager:
         knows the blocks it was given, so the occupancy too). Raises what `allocate`
         raises, before anything changes."""
         allocation = self.allocate(request_id, num_tokens, cache=True, new_tokens=new_tokens)
-        events = self._events
-        self._events = []
-        return ScheduledAllocation(allocation, events, self.stats())
+        return ScheduledAllocation(allocation, self.take_events(), self.stats())
 
     def undo_allocation(self, request_id: str, allocation: Allocation) -> bool:
         """Give back what `allocate` added, leaf first: the hook for a caller that never
