@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 import pytest
 
@@ -16,7 +17,7 @@ from kvpool.engine import (
 )
 from kvpool.errors import InvariantViolationError, UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
-from kvpool.manager import KvManager, PrefillCost, StepUpdate
+from kvpool.manager import KvManager, PrefillCost, SlotRequest, StepAllocations, StepUpdate
 from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload, mix_seed
 
@@ -433,3 +434,66 @@ async def test_abort_frees_a_running_and_a_waiting_request_and_leaks_nothing() -
     assert_clean(kv)
     # its cached blocks stay findable, idle in the LRU (freed leaf first by the manager)
     assert kv.manager.pool.num_inactive() == 3
+
+
+class CountingKv(LocalKvClient):
+    """Records the engine's allocation and admission-cost calls."""
+
+    def __init__(self, manager: KvManager) -> None:
+        super().__init__(manager)
+        self.slots: list[list[str]] = []  # each allocate_step call's request ids
+        self.costs = 0
+
+    async def allocate_step(
+        self, slots: Sequence[SlotRequest], probe: str | None = None
+    ) -> StepAllocations:
+        self.slots.append([slot.request_id for slot in slots])
+        return await super().allocate_step(slots, probe)
+
+    async def prefill_cost(self, request_id: str) -> PrefillCost:
+        self.costs += 1
+        return await super().prefill_cost(request_id)
+
+
+async def test_a_steps_allocations_and_admission_costs_share_calls() -> None:
+    """The running requests that need blocks are allocated in one call, and the queue's
+    head is asked its cost with the allocation before it: one prefill_cost per step at
+    most, asked only when no allocation came before."""
+    config = EngineConfig(num_gpu_blocks=64, block_size=4, max_num_seqs=8)
+    kv = CountingKv(KvManager(BlockPool(64), 4))
+    engine = MockEngine(kv, config)
+    for name in "abcd":
+        await engine.submit(spec(name, 4, 6))  # one full block each
+    await engine.step()
+    # the first head's cost was asked; each admission's allocation asked the next one's
+    assert (kv.slots, kv.costs) == ([["a"], ["b"], ["c"], ["d"]], 1)
+    kv.slots.clear()
+    await engine.submit(spec("e", 4, 6))
+    await engine.step()  # every running request's fifth token needs a second block
+    assert kv.slots == [["a", "b", "c", "d"], ["e"]]
+    assert kv.costs == 1  # e's cost rode on the running requests' allocation
+    await run_steps(engine)
+    assert engine.stats.completed == 5
+    assert_clean(kv)
+
+
+async def test_a_refused_slot_preempts_and_the_rest_are_allocated_after() -> None:
+    """When one of a step's allocations does not fit, the ones before it stand, the
+    victim is preempted, and the ones after it go in a later call."""
+    config = EngineConfig(num_gpu_blocks=8, block_size=4, max_num_seqs=8)
+    kv = CountingKv(KvManager(BlockPool(8), 4))
+    engine = MockEngine(kv, config)
+    for name in "abcd":
+        await engine.submit(spec(name, 7, 6))  # two blocks each: the pool is full
+    await engine.step()
+    await engine.step()  # the eighth token fills each second block: one call
+    kv.slots.clear()
+    step = await engine.step()  # each needs a third block; none is free
+    assert step.preempted == ["d", "c"]
+    # a did not fit (nothing was allocated); d, the newest, is preempted and a retried;
+    # then b fits (d's second block) and c does not: c is the victim itself
+    assert kv.slots == [["a", "b", "c", "d"], ["a"], ["b", "c"]]
+    assert step.scheduled == {"a": 1, "b": 1}
+    await run_steps(engine)
+    assert engine.stats.completed == 4
+    assert_clean(kv)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpool.errors import (
     CapacityError,
@@ -18,6 +20,7 @@ from kvpool.errors import (
 from kvpool.events import BlockRemoved, BlockStored
 from kvpool.hashing import block_hashes
 from kvpool.manager import Allocation, KvManager, PrefillCost
+from kvpool.manager import SlotRequest as Slot
 from kvpool.pool import BlockPool
 
 BS = 4
@@ -434,6 +437,18 @@ def _misuse_manager() -> KvManager:
         (lambda m: m.allocate("b", 6, new_tokens=[2**32]), InvalidArgumentError),
         (lambda m: m.allocate("b", 6, new_tokens="x"), InvalidArgumentError),
         (lambda m: m.allocate("b", 17 * 4 + 1, new_tokens=range(64)), CapacityError),
+        # a step's allocations: every slot is checked before the first is allocated
+        (lambda m: m.allocate_step([Slot("b", 4), Slot("nope", 1)]), UnknownRequestError),
+        (lambda m: m.allocate_step([Slot("b", 4), Slot("a", 12)]), TokenCountError),
+        (lambda m: m.allocate_step([Slot("b", 4), Slot("a", -1)]), InvalidArgumentError),
+        (lambda m: m.allocate_step([Slot("b", 4, [1]), Slot("b", 5)]), InvalidArgumentError),
+        (lambda m: m.allocate_step([Slot("b", 4), ("a", 10)]), InvalidArgumentError),
+        (lambda m: m.allocate_step("b"), InvalidArgumentError),
+        (lambda m: m.allocate_step([Slot("b", 4), Slot("a", 11, [2**32])]), InvalidArgumentError),
+        (
+            lambda m: m.allocate_step([Slot("b", 4), Slot("a", 69, list(range(64)))]),
+            CapacityError,
+        ),
     ],
 )
 def test_misuse_raises_a_typed_error_and_changes_nothing(call: Any, error: type[PoolError]) -> None:
@@ -660,21 +675,99 @@ def test_new_tokens_stay_appended_when_the_blocks_do_not_fit() -> None:
     assert same_state(one, two)
 
 
-def test_a_step_allocation_is_an_allocation_then_a_drain_and_a_stats_read() -> None:
-    """allocate_step(...) returns what allocate(..., cache=True), take_events() and
-    stats() would, in one call, and leaves the manager as they would."""
-    one, two = make(capacity=4), make(capacity=4)
+def test_a_step_allocation_is_allocations_then_a_drain_and_a_stats_read() -> None:
+    """allocate_step(slots) returns what allocate(..., cache=True, new_tokens=...) for
+    each slot, take_events() and stats() would, in one call, and leaves the manager as
+    they would."""
+    one, two = make(capacity=6), make(capacity=6)
     for manager in (one, two):
         run(manager, "a", list(range(8)))
-        manager.free("a")  # two cached blocks, idle: the next allocation evicts them
+        manager.free("a")  # two cached blocks, idle: the allocations evict them
         manager.add_request("b", list(range(50, 62)))
-    expected = two.allocate("b", 12, cache=True)
+        run(manager, "c", list(range(70, 76)))
+    expected = [
+        two.allocate("b", 12, cache=True),
+        two.allocate("c", 9, cache=True, new_tokens=[1, 2, 3]),
+    ]
     events, stats = two.take_events(), two.stats()
-    got = one.allocate_step("b", 12)
-    assert got.allocation is not None
-    assert expected is not None
-    assert len(got.allocation.block_ids) == len(expected.block_ids)
-    assert got.allocation.removed == expected.removed != []
+    got = one.allocate_step([Slot("b", 12), Slot("c", 9, [1, 2, 3])])
+    assert [(len(a.block_ids), a.removed) for a in got.allocations] == [
+        (len(a.block_ids), a.removed) for a in expected if a is not None
+    ]
+    assert [len(a.block_ids) for a in got.allocations] == [3, 1]
+    assert got.allocations[0].removed != []
     assert (got.events, got.stats) == (events, stats)
     assert one.num_pending_events == 0
+    assert same_state(one, two)
+
+
+def test_a_step_allocation_stops_at_the_first_slot_that_does_not_fit() -> None:
+    """The slot that does not fit keeps its new tokens appended (as allocate does); the
+    slots after it are not tried: their new tokens are not appended either."""
+    one, two = make(capacity=3), make(capacity=3)
+    for manager in (one, two):
+        run(manager, "a", list(range(4)))
+        run(manager, "b", list(range(10, 14)))
+        run(manager, "c", list(range(20, 24)))
+        manager.add_request("d", list(range(30, 34)))
+    assert two.allocate("a", 5, cache=True, new_tokens=[5]) is None
+    got = one.allocate_step([Slot("a", 5, [5]), Slot("b", 5, [6])])
+    assert got.allocations == []
+    assert (one.num_tokens("a"), one.num_tokens("b")) == (5, 4)
+    assert (got.events, got.stats) == (two.take_events(), two.stats())
+    assert same_state(one, two)
+    one.free("c")
+    two.free("c")
+    expected = two.allocate("a", 5, cache=True)
+    assert expected is not None
+    assert two.allocate("b", 5, cache=True, new_tokens=[6]) is None
+    got = one.allocate_step([Slot("a", 5), Slot("b", 5, [6]), Slot("d", 1, [7])])
+    assert [len(a.block_ids) for a in got.allocations] == [len(expected.block_ids)] == [1]
+    assert (one.num_tokens("b"), one.num_tokens("d")) == (5, 4)
+    assert (got.events, got.stats) == (two.take_events(), two.stats())
+    assert same_state(one, two)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_a_step_allocation_is_sequential_allocations(data: st.DataObject) -> None:
+    """Random tables, then random slots: allocate_step agrees with allocate called slot
+    by slot until one returns None (same allocations, events, counters and state)."""
+    capacity = data.draw(st.integers(2, 12), label="capacity")
+    one, two = make(capacity=capacity), make(capacity=capacity)
+    names: list[str] = []
+    for i in range(data.draw(st.integers(1, 6), label="requests")):
+        name = f"r{i}"
+        prompt = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=12), label=name)
+        done = data.draw(st.integers(0, min(len(prompt), capacity * BS)), label=f"{name} has")
+        fits = True
+        for manager in (one, two):
+            manager.add_request(name, prompt)
+            if done:
+                fits = manager.allocate(name, done, cache=True) is not None
+        names.append(name)
+        if not fits or data.draw(st.booleans(), label=f"{name} freed"):
+            for manager in (one, two):
+                manager.free(name)
+            names.remove(name)
+    order = data.draw(st.permutations(names), label="order")
+    slots = []
+    for name in order[: data.draw(st.integers(0, len(order)), label="slots")]:
+        new = data.draw(st.lists(st.integers(0, 3), max_size=6), label=f"{name} new")
+        most = min(two.num_tokens(name) + len(new), capacity * BS)  # never a CapacityError
+        target = data.draw(st.integers(two.num_computed_tokens(name), most), label="target")
+        slots.append(Slot(name, target, new))
+    expected = []
+    for slot in slots:
+        allocation = two.allocate(
+            slot.request_id, slot.num_tokens, cache=True, new_tokens=slot.new_tokens
+        )
+        if allocation is None:
+            break
+        expected.append(allocation)
+    got = one.allocate_step(slots)
+    assert [(len(a.block_ids), a.cached_blocks, a.removed) for a in got.allocations] == [
+        (len(a.block_ids), a.cached_blocks, a.removed) for a in expected
+    ]
+    assert (got.events, got.stats) == (two.take_events(), two.stats())
     assert same_state(one, two)

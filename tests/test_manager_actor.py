@@ -21,7 +21,7 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.events import decode_batch, encode_batch
-from kvpool.manager import KvManager, ManagerClient, open_manager
+from kvpool.manager import KvManager, ManagerClient, SlotRequest, open_manager
 from kvpool.manager.handlers import ManagerHandlers
 from kvpool.manager.messages import AddRequest, AllocateSlots, AllocateStep, TakeEvents
 from kvpool.pool import BlockPool
@@ -341,13 +341,14 @@ def test_undoing_an_unread_step_allocation_gives_back_its_blocks_and_its_events(
     manager.add_request("old", list(range(100, 104)))
     assert manager.allocate("old", 4, cache=True) is not None  # one Stored queued
     manager.add_request("a", list(range(9)))
-    message = AllocateStep("a", 9)
+    manager.add_request("b", list(range(50, 55)))
+    message = AllocateStep([SlotRequest("a", 9), SlotRequest("b", 5)])
     reply = handlers.allocate_step(message)
-    assert reply.allocation is not None
-    assert [len(e.block_hashes) for e in reply.events] == [1, 2]  # old's, then a's
+    assert [len(allocation.block_ids) for allocation in reply.allocations] == [3, 2]
+    assert [len(e.block_hashes) for e in reply.events] == [1, 2, 1]  # old's, a's, b's
     assert manager.num_pending_events == 0
     handlers.undo_allocate_step(message, reply)
-    assert manager.num_blocks("a") == 0
+    assert (manager.num_blocks("a"), manager.num_blocks("b")) == (0, 0)
     assert manager.pool.num_active() == 1  # old's block only
     assert manager.take_events() == reply.events
     manager.check_invariants()

@@ -22,10 +22,13 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
 3. *Execution*: the simulated clock advances by the timing model's step time; each
    scheduled request's computed count grows; a request that has computed all its tokens
    samples one, and finishes, releasing its blocks leaf first, after its last output
-   token. Each allocation (`KvClient.allocate_step`) also drains the events queued so
-   far and reads the counters, and the engine counts the blocks it was given, so only
-   a step that finished, preempted or aborted a request needs `KvClient.finish_step`:
-   the frees, then the rest of the events and the usage. The step's events go out as
+   token. The running requests that need blocks (or fill one) are allocated in one
+   call (`KvClient.allocate_step`, in order, stopping at the first that does not fit:
+   it preempts, then the rest go in the next call), and each admission in one more.
+   That call also drains the events queued so far and reads the counters, and the
+   engine counts the blocks it was given, so only a step that finished, preempted or
+   aborted a request needs `KvClient.finish_step`: the frees, then the rest of the
+   events and the usage. The step's events go out as
    one `KVEventBatch` to the sink, if any.
 
 *Same-step visibility* (vLLM v1's ``KVCacheManager.allocate_slots``, which Dynamo's
@@ -68,7 +71,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
 
 import msgspec
 
@@ -76,11 +78,18 @@ from kvpool.engine.config import EngineConfig, TimingModel
 from kvpool.engine.kv_client import KvClient, KvUsage
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
-from kvpool.engine.stepping import apply_jump, apply_step, plan_jump, schedule_fitting, step_work
+from kvpool.engine.stepping import (
+    apply_jump,
+    apply_step,
+    plan_jump,
+    plan_slots,
+    schedule_fitting,
+    step_work,
+)
 from kvpool.engine.timing import DynamoTiming, StepWork
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
-from kvpool.manager import Allocation
+from kvpool.manager import Allocation, PrefillCost, SlotRequest, StepAllocations
 from kvpool.workloads import RequestSpec
 
 _CONTEXT_FREE_TIMING = (TimingModel, DynamoTiming)
@@ -380,27 +389,55 @@ class MockEngine:
         preempted = False
 
         caching = config.enable_prefix_caching
+        waiting = self.waiting
+        # the queue's head, whose admission cost the last allocation asked for (only the
+        # last KV call's answer is current): one call fewer per step that admits or
+        # refuses after allocating
+        probe: str | None = None
+        probed: PrefillCost | None = None
         i = 0
         while True:
             i, budget = schedule_fitting(running, i, budget, scheduled, bs, caching)
             if i >= len(running) or budget <= 0:
                 break
-            # running[i] needs a KV call: its table must grow, or a block fills (it turns
-            # cache-visible now, at schedule time, as in vLLM: see the module docstring)
-            request = running[i]
-            num_new = min(request.num_tokens - request.num_computed, budget)
-            target = request.num_computed + num_new
-            # the tokens generated since the manager last heard ride on the allocation
-            pending = request.take_pending() if request.has_pending else ()
+            # running[i] and the later requests that need a KV call (a table must grow, or
+            # a block fills and turns cache-visible now, at schedule time, as in vLLM: see
+            # the module docstring) are allocated in one call, in order, while they fit;
+            # the tokens generated since the manager last heard ride on each allocation
+            plan = plan_slots(running, i, budget, bs, caching)
+            told = [running[index].num_sent for index, _ in plan]
+            slots = []
+            for index, target in plan:
+                request = running[index]
+                pending = request.take_pending() if request.has_pending else []
+                slots.append(SlotRequest(request.request_id, target, pending))
+            if caching and waiting and len(running) < config.max_num_seqs:
+                probe = waiting[0].request_id
+            outcome = await self._allocate(slots, probe)
+            probed = outcome.cost
+            allocations = outcome.allocations
+            for (index, target), allocation in zip(plan, allocations, strict=False):
+                # the requests between two allocations need no call
+                i, budget = schedule_fitting(running, i, budget, scheduled, bs, caching)
+                request = running[i]
+                if i != index:
+                    raise RuntimeError(f"{request.request_id}: scheduled apart from its plan")
+                self._grant(request, allocation)
+                num_new = target - request.num_computed
+                scheduled[request] = num_new
+                budget -= num_new
+                i += 1
+            refused = len(allocations)
+            if refused == len(plan):
+                continue
+            for (index, _), num_sent in zip(plan[refused + 1 :], told[refused + 1 :], strict=True):
+                running[index].num_sent = num_sent  # not tried: the manager has not heard
+            i, budget = schedule_fitting(running, i, budget, scheduled, bs, caching)
+            request = running[i]  # did not fit: preempt until it does or is the victim
+            target = plan[refused][1]
+            num_new = target - request.num_computed
             fits = False
             while not fits:
-                allocation = await self._allocate(request, target, pending)
-                pending = ()
-                if allocation is not None:
-                    self._num_active += len(allocation.block_ids)  # fresh blocks only
-                    request.num_blocks += len(allocation.block_ids)
-                    fits = True
-                    break
                 victim_index = len(running) - 1 if lifo else 0
                 victim = running.pop(victim_index)
                 await self._preempt(victim)
@@ -410,6 +447,12 @@ class MockEngine:
                     break
                 if victim_index < i:
                     i -= 1
+                allocations = (
+                    await self._allocate([SlotRequest(request.request_id, target)])
+                ).allocations
+                if allocations:
+                    self._grant(request, allocations[0])
+                    fits = True
             if not fits:
                 continue  # `request` itself was preempted; running[i] is the next one
             scheduled[request] = num_new
@@ -418,16 +461,22 @@ class MockEngine:
 
         if preempted:
             return scheduled
-        waiting = self.waiting
         while waiting and budget > 0 and len(running) < config.max_num_seqs:
             request = waiting[0]
-            admission = await self._admission(request, budget)
+            cost = probed if probe == request.request_id else None
+            admission = await self._admission(request, budget, cost)
             if admission is None:
                 break
             cached, num_new, fresh, inactive_cached = admission
-            allocation = await self._allocate(request, cached + num_new, ())
-            if allocation is None:
+            probe = None
+            if caching and len(waiting) > 1 and len(running) + 1 < config.max_num_seqs:
+                probe = waiting[1].request_id  # the next head, if this one is admitted
+            slot = SlotRequest(request.request_id, cached + num_new)
+            outcome = await self._allocate([slot], probe)
+            probed = outcome.cost
+            if not outcome.allocations:
                 break
+            allocation = outcome.allocations[0]
             if allocation.cached_blocks * bs != cached:
                 raise RuntimeError(
                     f"{request.request_id}: prefill_cost promised {cached // bs} cached "
@@ -446,11 +495,12 @@ class MockEngine:
         return scheduled
 
     async def _allocate(
-        self, request: EngineRequest, num_tokens: int, new_tokens: Sequence[int]
-    ) -> Allocation | None:
-        """Allocate (and cache) through ``num_tokens`` for ``request``, keeping the events
-        and counters the call drained for this step's end."""
-        outcome = await self.kv.allocate_step(request.request_id, num_tokens, new_tokens=new_tokens)
+        self, slots: list[SlotRequest], probe: str | None = None
+    ) -> StepAllocations:
+        """Allocate (and cache) ``slots`` in order while they fit, keeping the events and
+        counters the call drained for this step's end; return the outcome (what fit, and
+        ``probe``'s admission cost)."""
+        outcome = await self.kv.allocate_step(slots, probe)
         if outcome.events:
             self._step_events.extend(outcome.events)
         stats = self.stats
@@ -458,16 +508,23 @@ class MockEngine:
         stats.evictions = counters.evictions
         stats.prefix_query_tokens = counters.prefix_query_tokens
         stats.prefix_hit_tokens = counters.prefix_hit_tokens
-        return outcome.allocation
+        return outcome
+
+    def _grant(self, request: EngineRequest, allocation: Allocation) -> None:
+        """Count the fresh blocks a running request was given (the admission check's
+        count included)."""
+        self._num_active += len(allocation.block_ids)
+        request.num_blocks += len(allocation.block_ids)
 
     async def _admission(
-        self, request: EngineRequest, budget: int
+        self, request: EngineRequest, budget: int, cost: PrefillCost | None = None
     ) -> tuple[int, int, int, int] | None:
         """What admitting the waiting ``request`` within ``budget`` tokens would take now:
         (cached tokens, new tokens, fresh blocks, inactive cached blocks it pins); None if
         it must wait.
 
-        A query (`KvClient.prefill_cost`), nothing changes. The check is Dynamo's: the
+        A query (`KvClient.prefill_cost`, unless the last KV call's reply carried the
+        ``cost``), nothing changes. The check is Dynamo's: the
         fresh blocks plus the inactive cached prefix the allocation would pin must fit in
         what is free or evictable. It is exact (the allocation fails exactly when it
         refuses), and it spares a failing allocation its second prefix walk.
@@ -476,7 +533,8 @@ class MockEngine:
         bs = config.block_size
         cached_blocks = inactive_cached = 0
         if config.enable_prefix_caching:
-            cost = await self.kv.prefill_cost(request.request_id)
+            if cost is None:
+                cost = await self.kv.prefill_cost(request.request_id)
             cached_blocks = cost.cached_blocks
             inactive_cached = cached_blocks - cost.active_cached_blocks
         cached = cached_blocks * bs

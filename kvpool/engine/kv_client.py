@@ -20,7 +20,8 @@ from kvpool.manager import (
     ManagerStats,
     PoolUsage,
     PrefillCost,
-    ScheduledAllocation,
+    SlotRequest,
+    StepAllocations,
     StepOutcome,
     StepUpdate,
 )
@@ -92,13 +93,14 @@ class KvClient(Protocol):
         ...
 
     async def allocate_step(
-        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
-    ) -> ScheduledAllocation:
-        """The scheduler's allocation (``allocate(..., cache=True, new_tokens=...)``) and,
-        in the same call, the events queued so far, drained, and the counters after it:
-        a step whose only KV work is allocations needs no `finish_step`.
+        self, slots: Sequence[SlotRequest], probe: str | None = None
+    ) -> StepAllocations:
+        """A step's allocations, each ``allocate(..., cache=True, new_tokens=...)``, in
+        order until one does not fit, and in the same call the events queued so far,
+        drained, the counters after them and ``probe``'s `prefill_cost`: a step whose
+        only KV work is allocations needs no `finish_step` (`KvManager.allocate_step`).
 
-        Raises what `allocate` raises.
+        Raises what `allocate` raises, before anything changes.
         """
         ...
 
@@ -206,9 +208,9 @@ class LocalKvClient:
         return self._manager.allocate(request_id, num_tokens, cache=cache, new_tokens=new_tokens)
 
     async def allocate_step(
-        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
-    ) -> ScheduledAllocation:
-        return self._manager.allocate_step(request_id, num_tokens, new_tokens=new_tokens)
+        self, slots: Sequence[SlotRequest], probe: str | None = None
+    ) -> StepAllocations:
+        return self._manager.allocate_step(slots, probe)
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         self._manager.mark_computed(request_id, num_computed_tokens)
@@ -280,11 +282,9 @@ class TimedKvClient:
         )
 
     async def allocate_step(
-        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
-    ) -> ScheduledAllocation:
-        return await self._timed(
-            self._inner.allocate_step(request_id, num_tokens, new_tokens=new_tokens)
-        )
+        self, slots: Sequence[SlotRequest], probe: str | None = None
+    ) -> StepAllocations:
+        return await self._timed(self._inner.allocate_step(slots, probe))
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         await self._timed(self._inner.mark_computed(request_id, num_computed_tokens))

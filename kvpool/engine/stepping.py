@@ -48,6 +48,29 @@ def schedule_fitting(
     return i, budget
 
 
+def plan_slots(
+    running: list[EngineRequest], start: int, budget: int, block_size: int, caching: bool
+) -> list[tuple[int, int]]:
+    """The requests from ``running[start]`` on that need a KV call this step if every
+    allocation fits, as (index, tokens to allocate through), in order: the budget is
+    spent as `schedule_fitting` spends it, so those that fit are scheduled as planned."""
+    plan: list[tuple[int, int]] = []
+    i = start
+    count = len(running)
+    while i < count and budget > 0:
+        request = running[i]
+        computed = request.num_computed
+        num_new = min(request.num_tokens - computed, budget)
+        target = computed + num_new
+        if -(-target // block_size) > request.num_blocks or (
+            caching and target // block_size > computed // block_size
+        ):
+            plan.append((i, target))
+        budget -= num_new
+        i += 1
+    return plan
+
+
 def step_work(
     scheduled: dict[EngineRequest, int], active_blocks: int, capacity: int, block_size: int
 ) -> StepWork:

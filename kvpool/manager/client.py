@@ -52,7 +52,8 @@ from kvpool.manager.types import (
     ManagerStats,
     PoolUsage,
     PrefillCost,
-    ScheduledAllocation,
+    SlotRequest,
+    StepAllocations,
     StepOutcome,
     StepUpdate,
 )
@@ -130,12 +131,14 @@ class ManagerClient:
         return reply.allocation
 
     async def allocate_step(
-        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
-    ) -> ScheduledAllocation:
-        """A scheduler's allocation and, in the same turn, the events queued so far and
-        the counters after it (`KvManager.allocate_step`). Raises what `allocate` does."""
-        reply: ScheduledAllocation = await self._call(
-            AllocateStep(request_id, num_tokens, new_tokens)  # type: ignore[arg-type]
+        self, slots: Sequence[SlotRequest], probe: str | None = None
+    ) -> StepAllocations:
+        """A step's allocations, in order, stopping at the first that does not fit, and
+        in the same turn the events queued so far, the counters after them and the
+        probed request's prefill cost (`KvManager.allocate_step`). Raises what it
+        raises, before anything changes."""
+        reply: StepAllocations = await self._call(
+            AllocateStep(slots, probe)  # type: ignore[arg-type]
         )
         return reply
 

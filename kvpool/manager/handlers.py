@@ -9,8 +9,8 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `AllocateSlots` hands blocks out: undone by `KvManager.undo_allocation` (released
   leaf first, computed count clipped). A BlockRemoved for what its reserve evicted
   stays queued, as those hashes really are gone.
-- `AllocateStep` hands blocks and events out: undone as `AllocateSlots`, then its events
-  put back ahead of newer ones.
+- `AllocateStep` hands blocks and events out: each allocation undone as `AllocateSlots`'s,
+  last first, then its events put back ahead of newer ones.
 - `TakeEvents` hands events out: undone by putting them back ahead of newer ones.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
@@ -45,7 +45,7 @@ from kvpool.manager.messages import (
     PrefillCostReply,
     TakeEvents,
 )
-from kvpool.manager.types import ScheduledAllocation, StepOutcome
+from kvpool.manager.types import StepAllocations, StepOutcome
 from kvpool.messages import DoneReply
 
 _DONE = DoneReply()
@@ -96,15 +96,15 @@ class ManagerHandlers:
         if reply.allocation is not None:
             self.manager.undo_allocation(message.request_id, reply.allocation)
 
-    def allocate_step(self, message: AllocateStep) -> ScheduledAllocation:
-        return self.manager.allocate_step(
-            message.request_id, message.num_tokens, new_tokens=message.new_tokens
-        )
+    def allocate_step(self, message: AllocateStep) -> StepAllocations:
+        return self.manager.allocate_step(message.slots, message.probe)
 
-    def undo_allocate_step(self, message: AllocateStep, reply: ScheduledAllocation) -> None:
-        if reply.allocation is not None:
-            self.manager.undo_allocation(message.request_id, reply.allocation)
-        self.manager.restore_events(reply.events)
+    def undo_allocate_step(self, message: AllocateStep, reply: StepAllocations) -> None:
+        manager = self.manager
+        done = list(zip(message.slots, reply.allocations, strict=False))
+        for slot, allocation in reversed(done):  # last in, first out
+            manager.undo_allocation(slot.request_id, allocation)
+        manager.restore_events(reply.events)
 
     def mark_computed(self, message: MarkComputed) -> DoneReply:
         self.manager.mark_computed(message.request_id, message.num_computed_tokens)

@@ -29,6 +29,7 @@ Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV ev
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Sequence
 
 from kvpool.errors import (
@@ -48,7 +49,8 @@ from kvpool.manager.types import (
     ManagerStats,
     PoolUsage,
     PrefillCost,
-    ScheduledAllocation,
+    SlotRequest,
+    StepAllocations,
     StepOutcome,
     StepUpdate,
 )
@@ -234,12 +236,70 @@ class KvManager:
         `CapacityError` when the table would need more blocks than the whole pool holds
         (it can never fit); every error is raised before anything changes.
         """
+        state, appended, needed = self._check_allocation(request_id, num_tokens, new_tokens)
+        if type(cache) is not bool:
+            raise InvalidArgumentError(f"cache must be a bool, got {cache!r}")
+        return self._grow(state, num_tokens, needed, appended, cache)
+
+    def allocate_step(
+        self, slots: Sequence[SlotRequest], probe: str | None = None
+    ) -> StepAllocations:
+        """A scheduler's allocations for one step, in order, each
+        ``allocate(slot.request_id, slot.num_tokens, cache=True, new_tokens=slot.new_tokens)``;
+        then the events queued so far, drained, and the counters after them. A step whose
+        only KV work is allocations then needs no `finish_step` (the scheduler knows the
+        blocks it was given, so the occupancy too), and a step's allocations cost one
+        call, not one per request.
+
+        Stops at the first slot that does not fit: ``allocations`` holds one `Allocation`
+        per slot that fit, so when it is shorter than ``slots``, slot
+        ``len(allocations)`` did not fit (its ``new_tokens`` stay appended, as with
+        `allocate`) and the later slots were not tried (untouched). Every slot is checked
+        before any is allocated: a slot `allocate` would refuse, a slot that is not a
+        `SlotRequest`, or a request named twice raises before anything changes.
+
+        ``probe`` names a request whose `prefill_cost` the reply carries, as asked after
+        the allocations (``cost``; None without a probe): the scheduler's next question
+        (may the head of its queue be admitted now?) answered in the same call. Raises
+        `UnknownRequestError` for an unknown probe, before anything changes.
+        """
+        if not isinstance(slots, Sequence) or isinstance(slots, (str, bytes)):
+            raise InvalidArgumentError(f"slots must be a sequence of SlotRequest, got {slots!r}")
+        checked: list[tuple[RequestState, int, array[int] | None, int]] = []
+        seen: set[str] = set()
+        for slot in slots:
+            if type(slot) is not SlotRequest:
+                raise InvalidArgumentError(f"expected a SlotRequest, got {slot!r}")
+            request_id = slot.request_id
+            if request_id in seen:
+                raise InvalidArgumentError(
+                    f"request {request_id!r} appears twice in one step's allocations"
+                )
+            seen.add(request_id)
+            state, appended, needed = self._check_allocation(
+                request_id, slot.num_tokens, slot.new_tokens
+            )
+            checked.append((state, slot.num_tokens, appended, needed))
+        if probe is not None:
+            self._get(probe)
+        allocations: list[Allocation] = []
+        for state, num_tokens, appended, needed in checked:
+            allocation = self._grow(state, num_tokens, needed, appended, True)
+            if allocation is None:
+                break
+            allocations.append(allocation)
+        cost = None if probe is None else self.prefill_cost(probe)
+        return StepAllocations(allocations, self.take_events(), self.stats(), cost)
+
+    def _check_allocation(
+        self, request_id: str, num_tokens: int, new_tokens: Sequence[int]
+    ) -> tuple[RequestState, array[int] | None, int]:
+        """`allocate`'s checks, before anything changes: the request's state, the
+        ``new_tokens`` to append (None: none), the blocks ``num_tokens`` needs."""
         state = self._get(request_id)
         if type(num_tokens) is not int or num_tokens < 0:
             check_count(num_tokens, "num_tokens")
-        if type(cache) is not bool:
-            raise InvalidArgumentError(f"cache must be a bool, got {cache!r}")
-        appended = check_tokens(new_tokens) if new_tokens != () else None
+        appended = None if new_tokens == () or new_tokens == [] else check_tokens(new_tokens)
         total = len(state.tokens) + (len(appended) if appended is not None else 0)
         if num_tokens > total:
             raise TokenCountError(
@@ -253,6 +313,17 @@ class KvManager:
                 f"request {request_id!r} needs {needed} blocks; the pool holds "
                 f"{self._pool.capacity}"
             )
+        return state, appended, needed
+
+    def _grow(
+        self,
+        state: RequestState,
+        num_tokens: int,
+        needed: int,
+        appended: array[int] | None,
+        cache: bool,
+    ) -> Allocation | None:
+        """`allocate` after its checks (`_check_allocation`)."""
         if appended is not None:
             state.extend(appended)
         table = state.table
@@ -289,17 +360,6 @@ class KvManager:
         if cache:
             self._advance(state, num_tokens)
         return Allocation(new_ids, len(prefix), list(removed))
-
-    def allocate_step(
-        self, request_id: str, num_tokens: int, *, new_tokens: Sequence[int] = ()
-    ) -> ScheduledAllocation:
-        """A scheduler's allocation, ``allocate(..., cache=True, new_tokens=...)``, that
-        also drains the events queued so far and reads the counters after it: a step
-        whose only KV work is allocations then needs no `finish_step` (the scheduler
-        knows the blocks it was given, so the occupancy too). Raises what `allocate`
-        raises, before anything changes."""
-        allocation = self.allocate(request_id, num_tokens, cache=True, new_tokens=new_tokens)
-        return ScheduledAllocation(allocation, self.take_events(), self.stats())
 
     def undo_allocation(self, request_id: str, allocation: Allocation) -> bool:
         """Give back what `allocate` added, leaf first: the hook for a caller that never

@@ -17,7 +17,8 @@ from kvpool.manager.types import (
     Allocation,
     ManagerStats,
     PrefillCost,
-    ScheduledAllocation,
+    SlotRequest,
+    StepAllocations,
     StepOutcome,
     StepUpdate,
 )
@@ -61,13 +62,12 @@ class AllocateSlots(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 
 class AllocateStep(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """``KvManager.allocate_step``: a scheduler's allocation (``cache`` on, ``new_tokens``
-    appended first) that also drains the events and reads the counters; the reply is the
-    `ScheduledAllocation` itself."""
+    """``KvManager.allocate_step``: a step's allocations, in order, that also drain the
+    events, read the counters and, with ``probe``, a request's prefill cost; the reply
+    is the `StepAllocations` itself."""
 
-    request_id: str
-    num_tokens: int
-    new_tokens: list[int] = []
+    slots: list[SlotRequest]
+    probe: str | None = None
 
 
 class MarkComputed(msgspec.Struct, frozen=True, gc=False, tag=True):
@@ -156,7 +156,7 @@ ManagerReply: TypeAlias = (
     | PrefillCostReply
     | EventsReply
     | StepOutcome
-    | ScheduledAllocation
+    | StepAllocations
     | ManagerStatsReply
     | DoneReply
     | ErrorReply

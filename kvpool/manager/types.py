@@ -95,13 +95,26 @@ class StepOutcome(msgspec.Struct, frozen=True, gc=False, tag=True):
     stats: ManagerStats
 
 
-class ScheduledAllocation(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """A scheduler's allocation (`KvManager.allocate_step`): the `Allocation` (None: it
-    did not fit), the events queued so far, drained, and the counters after it."""
+class SlotRequest(msgspec.Struct, frozen=True, gc=False):
+    """One request's part of a step's allocations (`KvManager.allocate_step`): append
+    ``new_tokens`` (those generated since the manager last heard), then grow the table
+    to hold ``num_tokens`` and mark them computed."""
 
-    allocation: Allocation | None
+    request_id: str
+    num_tokens: int
+    new_tokens: list[int] = []
+
+
+class StepAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """A step's allocations (`KvManager.allocate_step`): one `Allocation` per slot that
+    fit, in order (fewer than the slots: the next one did not fit, and the rest were not
+    tried), the events queued so far, drained, the counters after them, and the probed
+    request's `PrefillCost` after them (None: no probe)."""
+
+    allocations: list[Allocation]
     events: list[KVEvent]
     stats: ManagerStats
+    cost: PrefillCost | None = None
 
 
 __all__ = [
@@ -109,7 +122,8 @@ __all__ = [
     "ManagerStats",
     "PoolUsage",
     "PrefillCost",
-    "ScheduledAllocation",
+    "SlotRequest",
+    "StepAllocations",
     "StepOutcome",
     "StepUpdate",
 ]
