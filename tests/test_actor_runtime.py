@@ -22,7 +22,7 @@ import uvloop
 
 from kvpool.actors import Actor, Handler, PoolClient, PoolState, open_actor, open_pool
 from kvpool.actors import slots as slots_module
-from kvpool.actors.hosting import _slots_for_this_loop
+from kvpool.actors.slots import current_slots
 from kvpool.errors import (
     PoolClosedError,
     PoolCrashedError,
@@ -537,7 +537,7 @@ def _queued(actor: Actor) -> int:
 async def test_a_crash_fails_every_queued_call_and_waiter_with_its_cause() -> None:
     state = PoolState(BlockPool(4))
     table = {**state.handlers(), **_bomb(state)}
-    actor = Actor(table, _slots_for_this_loop())  # started once everything is queued
+    actor = Actor(table, current_slots())  # started once everything is queued
     hold = state.admit(Admit([], 4)).admission  # type: ignore[union-attr]
     assert hold is not None
     outcomes: dict[str, Any] = {}

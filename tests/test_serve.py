@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import httpx
+import msgspec
 import pytest
 import zmq
 from openai import AsyncOpenAI
@@ -344,3 +345,37 @@ async def test_a_zmq_subscriber_sees_vllm_events_while_serving() -> None:
     assert math.isfinite(state.metrics.registry.get_sample_value(
         "vllm:kv_cache_usage_perc", {"model_name": MODEL, "engine": "0"}
     ) or 0.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_streamed_chunks_are_openais_compact_json_byte_for_byte(chat: bool) -> None:
+    """Every SSE event is ``data: `` and the compact JSON of OpenAI's chunk, keys in
+    OpenAI's order (the token chunks come from a template, not an encoder)."""
+    state = small_state()
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 6, "stream": True}
+    body.update(
+        {"messages": [{"role": "user", "content": 'say "hi" \\ twice'}]}
+        if chat
+        else {"prompt": 'say "hi" \\ twice'}
+    )
+    encode = msgspec.json.encode
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            response = await client.post(path, json=body)
+    events = [e for e in response.content.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    texts = []
+    for event in events[:-1]:
+        assert event.startswith(b"data: ")
+        chunk = msgspec.json.decode(event[len(b"data: ") :])
+        assert list(chunk) == ["id", "object", "created", "model", "choices"]
+        (choice,) = chunk["choices"]
+        content = ["delta"] if chat else ["text"]
+        assert list(choice) == ["index", *content, "logprobs", "finish_reason"]
+        assert event == b"data: " + encode(chunk)  # compact, as an encoder writes it
+        texts.append(choice["delta"].get("content", "") if chat else choice["text"])
+    finishes = [msgspec.json.decode(e[6:])["choices"][0]["finish_reason"] for e in events[:-1]]
+    assert finishes == [None] * (len(finishes) - 1) + ["length"]
+    assert len(texts) == 6 + chat  # chat opens with the assistant's role
+    assert "".join(texts)

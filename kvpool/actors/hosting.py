@@ -15,12 +15,11 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeAlias
 
 import anyio
-import sniffio
 
 from kvpool.actors.actor import Actor, Handler, Status
 from kvpool.actors.client import PoolClient
 from kvpool.actors.pool_state import PoolState
-from kvpool.actors.slots import SlotKind, asyncio_slots, trio_slots
+from kvpool.actors.slots import current_slots
 from kvpool.errors import InvalidArgumentError
 from kvpool.pool import BlockPool
 
@@ -57,7 +56,7 @@ async def open_actor(handlers: Mapping[type[Any], Handler[Any, Any]]) -> AsyncIt
 
     Same life cycle and exception rules as `open_pool`; send messages with `Actor.call`.
     """
-    actor = Actor(handlers, _slots_for_this_loop())
+    actor = Actor(handlers, current_slots())
     body_error: BaseException | None = None
     async with anyio.create_task_group() as task_group:
         actor.set_crash_callback(task_group.cancel_scope.cancel)
@@ -85,12 +84,3 @@ async def _serve(actor: Actor) -> None:
     # at close) until the host closes it, even while an enclosing scope is cancelled.
     with anyio.CancelScope(shield=True):
         await actor.run()
-
-
-def _slots_for_this_loop() -> SlotKind:
-    library = sniffio.current_async_library()
-    if library == "trio":
-        return trio_slots()
-    if library == "asyncio":
-        return asyncio_slots()
-    raise RuntimeError(f"kvpool's actor runs on asyncio or trio, not {library!r}")

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any, Final, Protocol
 
 import anyio.lowlevel
+import sniffio
 
 from kvpool.errors import WrongLoopError
 
@@ -223,3 +224,13 @@ def trio_slots() -> SlotKind:
         return _TrioSlot(task)
 
     return SlotKind(open_slot, _abandon_trio, trio.lowlevel.cancel_shielded_checkpoint)
+
+
+def current_slots() -> SlotKind:
+    """The reply path of the running event loop (asyncio, uvloop or trio)."""
+    library = sniffio.current_async_library()
+    if library == "trio":
+        return trio_slots()
+    if library == "asyncio":
+        return asyncio_slots()
+    raise RuntimeError(f"kvpool's actor runs on asyncio or trio, not {library!r}")

@@ -26,13 +26,13 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 import xxhash
-from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from kvpool.serve.driver import EngineDriver, Output
+from kvpool.serve.outbox import Outbox
 from kvpool.serve.protocol import (
     DEFAULT_MAX_TOKENS,
     ApiError,
@@ -73,9 +73,7 @@ class _Job:
 
     __slots__ = ("driver", "outputs", "spec")
 
-    def __init__(
-        self, spec: RequestSpec, driver: EngineDriver, outputs: MemoryObjectReceiveStream[Output]
-    ) -> None:
+    def __init__(self, spec: RequestSpec, driver: EngineDriver, outputs: Outbox[Output]) -> None:
         self.spec = spec
         self.driver = driver
         self.outputs = outputs
@@ -298,6 +296,13 @@ class _Api:
                 body["usage"] = usage
             return b"data: " + _json.encode(body) + b"\n\n"
 
+        # A token's chunk is `chunk([choice])` byte for byte, from a prefix and a choice
+        # template made once: dicts and a whole encode per token cost more than its write.
+        head = chunk([])[: -len(b"]}\n\n")]
+        text_field = b'"delta":{"content":%s}' if chat else b'"text":%s'
+        no_text = b'"delta":{}' if chat else b'"text":""'
+        choice_template = b'{"index":%d,%s,"logprobs":null,"finish_reason":%s}'
+
         results: list[tuple[list[int], int, str | None]] = [([], 0, None) for _ in jobs]
         try:
             if chat:
@@ -314,16 +319,11 @@ class _Api:
                     pending.remove(index)
                     return b"data: " + _json.encode(ApiError(output.error).body()) + b"\n\n"
                 text = decode(tokenizer, output.token_ids)
-                reason = "length" if output.finished else None
-                choice: dict[str, Any]
-                if chat:
-                    choice = {"index": index, "delta": {"content": text} if text else {}}
-                else:
-                    choice = {"index": index, "text": text}
-                choice.update(logprobs=None, finish_reason=reason)
+                field = text_field % _json.encode(text) if text else no_text
+                reason = b'"length"' if output.finished else b"null"
                 if output.finished:
                     pending.remove(index)
-                return chunk([choice])
+                return head + choice_template % (index, field, reason) + b"]}\n\n"
 
             # Round robin over a batch's prompts (every step sends each running one a
             # token). Outputs that queued up while the client was being written to go

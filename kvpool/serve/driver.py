@@ -3,9 +3,9 @@
 The driver's task is the only code that touches its `MockEngine` (and, through it, the
 rank's KV manager actor). HTTP handlers reach it through an anyio memory object stream
 of `Submit` and `Abort` messages; each request gets its tokens back through its own
-memory object stream of `Output`. Both streams are unbounded, so a handler never
-blocks on the engine and the engine never blocks on a slow client (a request's output
-is bounded by its ``max_tokens``).
+`Outbox` of `Output`. Both are unbounded, so a handler never blocks on the engine and
+the engine never blocks on a slow client (a request's output is bounded by its
+``max_tokens``).
 
 Timing: with ``speedup_ratio`` R > 0, simulated time runs R times wall time from the
 moment the driver starts; after each step the driver sleeps until the wall clock
@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import anyio
 import anyio.lowlevel
 from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from kvpool.actors.slots import SlotKind, current_slots
 from kvpool.engine import EngineConfig, MockEngine, StepResult, open_actor_kv
 from kvpool.engine.request import EngineRequest
 from kvpool.events import EventSink
 from kvpool.serve.metrics import RankMetrics, ServeMetrics
+from kvpool.serve.outbox import Outbox
 from kvpool.workloads import RequestSpec
 
 
@@ -55,10 +56,10 @@ class Output:
 
 @dataclass(frozen=True, slots=True)
 class Submit:
-    """Queue ``spec``; its outputs go to ``reply`` (closed after the last one)."""
+    """Queue ``spec``; its outputs go to ``reply`` (ended after the last one)."""
 
     spec: RequestSpec
-    reply: MemoryObjectSendStream[Output]
+    reply: Outbox[Output]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,7 @@ class _Live:
 
     __slots__ = ("cached", "last_token", "reply", "request", "sent")
 
-    def __init__(self, request: EngineRequest, reply: MemoryObjectSendStream[Output]) -> None:
+    def __init__(self, request: EngineRequest, reply: Outbox[Output]) -> None:
         self.request = request
         self.reply = reply
         self.sent = 0  # output tokens already sent
@@ -109,25 +110,23 @@ class EngineDriver:
         self._live: dict[str, _Live] = {}
         self._start = 0.0
         self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
+        self._slots: SlotKind | None = None  # the loop's wake-up path, for the outboxes
 
     # ------------------------------------------------------------ handler side
 
-    def submit(self, spec: RequestSpec) -> MemoryObjectReceiveStream[Output]:
-        """Queue ``spec`` for this rank; return the stream its outputs arrive on.
+    def submit(self, spec: RequestSpec) -> Outbox[Output]:
+        """Queue ``spec`` for this rank; return the `Outbox` its outputs arrive in.
 
         Never blocks. Raises ``anyio.ClosedResourceError`` once `close` was called (the
-        server is shutting down). Close the returned stream to stop listening; the
-        driver then aborts the request at its next output.
+        server is shutting down). Close the outbox to stop listening; the driver then
+        aborts the request at its next output.
         """
-        send, receive = anyio.create_memory_object_stream[Output](math.inf)
-        try:
-            self._send.send_nowait(Submit(spec, send))
-        except BaseException:
-            send.close()
-            receive.close()
-            raise
+        if self._slots is None:
+            self._slots = current_slots()
+        outbox = Outbox[Output](self._slots)
+        self._send.send_nowait(Submit(spec, outbox))
         self.outstanding += 1
-        return receive
+        return outbox
 
     def abort(self, request_id: str) -> None:
         """Ask the task to drop ``request_id`` (no-op if it has finished). Never blocks
@@ -203,8 +202,8 @@ class EngineDriver:
             engine.advance_to(now)  # an idle engine's clock catches up with the wall
         if not await engine.submit(spec, now):
             reason = engine.rejection_reason(spec) or "rejected"
-            reply.send_nowait(Output([], 0, True, reason))
-            reply.close()
+            reply.put(Output([], 0, True, reason))
+            reply.end()
             self.outstanding -= 1
             return
         self._live[spec.request_id] = _Live(engine.waiting[-1], reply)
@@ -213,7 +212,7 @@ class EngineDriver:
         live = self._live.pop(request_id, None)
         if live is None:
             return  # finished (or aborted) already
-        live.reply.close()
+        live.reply.end()
         await engine.abort(request_id)
         self.outstanding -= 1
 
@@ -260,13 +259,11 @@ class EngineDriver:
                     metrics.e2e.observe(clock - request.arrival_s)
                     metrics.success.inc()
             live.last_token = clock
-            try:
-                live.reply.send_nowait(Output(tokens, live.cached, finished))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            if not live.reply.put(Output(tokens, live.cached, finished)):
                 gone.append(request_id)  # the client stopped listening
                 continue
             if finished:
-                live.reply.close()
+                live.reply.end()
                 del self._live[request_id]
                 self.outstanding -= 1
         for request_id in gone:
