@@ -328,6 +328,8 @@ class _Api:
             # Round robin over a batch's prompts (every step sends each running one a
             # token). Outputs that queued up while the client was being written to go
             # out in one write: a loaded server catches up instead of falling behind.
+            # The last outputs go out with the usage and [DONE], in one write.
+            last = b""
             while pending:
                 for index in list(pending):
                     outputs = jobs[index].outputs
@@ -340,10 +342,13 @@ class _Api:
                     except anyio.EndOfStream:  # ended without a last output (aborted)
                         pending.remove(index)
                         continue
-                    yield b"".join(events)
+                    if pending:
+                        yield b"".join(events)
+                    else:
+                        last = b"".join(events)
             if include_usage:
-                yield chunk([], _usage(jobs, results))
-            yield b"data: [DONE]\n\n"
+                last += chunk([], _usage(jobs, results))
+            yield last + b"data: [DONE]\n\n"
         finally:
             for job in jobs:
                 job.release()
