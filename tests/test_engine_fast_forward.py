@@ -15,7 +15,8 @@ import json
 import math
 import types
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from kvpool.engine import (
 from kvpool.engine import runner as runner_module
 from kvpool.engine.request import EngineRequest
 from kvpool.events import EventCollector
+from kvpool.manager import KvManager, SlotRequest, StepAllocations
+from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, Segment, mix_seed
 
 # ------------------------------------------------------------------ timing models
@@ -100,6 +103,39 @@ STEP = TimingModel(step_overhead_s=0.25, prefill_token_s=0.0, decode_seq_s=0.0)
 EPOCH = 1_750_000_000.0
 """`run_simulation` stamps batches from ``time.time()`` at its start: pinned, so two runs'
 ``ts`` compare exactly."""
+
+# ------------------------------------------------------------------ KV backends
+
+
+class OneSlotKv(LocalKvClient):
+    """The manager as the engine used it before a step's allocations shared a call:
+    each slot alone, in order, until one does not fit, and no admission-cost probe (the
+    engine then asks `prefill_cost` itself)."""
+
+    async def allocate_step(
+        self, slots: Sequence[SlotRequest], probe: str | None = None
+    ) -> StepAllocations:
+        manager = self.manager
+        allocations, events = [], []
+        for slot in slots:
+            outcome = manager.allocate_step([slot])
+            events.extend(outcome.events)
+            if not outcome.allocations:
+                break
+            allocations.extend(outcome.allocations)
+        return StepAllocations(allocations, events + manager.take_events(), manager.stats())
+
+
+@asynccontextmanager
+async def open_one_slot_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[OneSlotKv]:
+    pool = BlockPool(config.num_gpu_blocks)
+    yield OneSlotKv(
+        KvManager(pool, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+    )
+
+
+BACKENDS = {**KV_BACKENDS, "one-slot": open_one_slot_kv}
+
 
 # ------------------------------------------------------------------ strategies
 
@@ -207,7 +243,7 @@ def simulate(
             dispatch=dispatch,
             speedup_ratio=speedup_ratio,
             fast_forward=fast_forward,
-            kv_factory=KV_BACKENDS[backend],
+            kv_factory=BACKENDS[backend],
             sinks=sinks,
         )
 
@@ -274,6 +310,25 @@ def test_random_runs_are_identical_with_and_without_fast_forward(
     slow = simulate(requests, config, fast_forward=False, **kwargs)
     label(fast)
     assert_same_run(fast, slow)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests=workloads(),
+    config=configs(),
+    workers=st.integers(1, 2),
+    fast_forward=st.booleans(),
+)
+def test_a_steps_allocations_in_one_call_are_its_slots_one_at_a_time(
+    requests: list[RequestSpec], config: EngineConfig, workers: int, fast_forward: bool
+) -> None:
+    """A step's allocations share one `allocate_step` call, and the queue head's cost
+    rides on it: the run is the one the manager gives slot by slot, asked separately."""
+    kwargs: dict[str, Any] = {"workers": workers, "fast_forward": fast_forward}
+    batched = simulate(requests, config, backend="local", **kwargs)
+    one_by_one = simulate(requests, config, backend="one-slot", **kwargs)
+    label(batched)
+    assert batched == one_by_one  # the step count too: both take the same path
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

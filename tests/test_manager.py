@@ -444,6 +444,7 @@ def _misuse_manager() -> KvManager:
         (lambda m: m.allocate_step([Slot("b", 4, [1]), Slot("b", 5)]), InvalidArgumentError),
         (lambda m: m.allocate_step([Slot("b", 4), ("a", 10)]), InvalidArgumentError),
         (lambda m: m.allocate_step("b"), InvalidArgumentError),
+        (lambda m: m.allocate_step([Slot("b", 4)], "nope"), UnknownRequestError),
         (lambda m: m.allocate_step([Slot("b", 4), Slot("a", 11, [2**32])]), InvalidArgumentError),
         (
             lambda m: m.allocate_step([Slot("b", 4), Slot("a", 69, list(range(64)))]),
@@ -771,3 +772,19 @@ def test_a_step_allocation_is_sequential_allocations(data: st.DataObject) -> Non
     ]
     assert (got.events, got.stats) == (two.take_events(), two.stats())
     assert same_state(one, two)
+
+
+def test_a_probe_is_the_prefill_cost_after_the_step_allocations() -> None:
+    """The probed request's cost is asked after the slots, so it sees what they did:
+    here the allocation evicts part of the prefix the probed request would have reused."""
+    one, two = make(capacity=4), make(capacity=4)
+    for manager in (one, two):
+        run(manager, "a", list(range(8)))
+        manager.free("a")  # two cached blocks, idle
+        manager.add_request("b", list(range(50, 62)))
+        manager.add_request("c", list(range(9)))  # would reuse a's two blocks
+    assert two.prefill_cost("c") == PrefillCost(2, 0, 1)
+    assert two.allocate("b", 12, cache=True) is not None  # evicts a's leaf block
+    got = one.allocate_step([Slot("b", 12)], probe="c")
+    assert got.cost == two.prefill_cost("c") == PrefillCost(1, 0, 2)
+    assert one.allocate_step([]).cost is None
