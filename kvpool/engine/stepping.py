@@ -16,6 +16,15 @@ from kvpool.engine.timing import StepWork
 from kvpool.manager.types import StepUpdate
 
 
+def needs_call(request: EngineRequest, target: int, block_size: int, caching: bool) -> bool:
+    """Whether scheduling ``request`` through ``target`` tokens needs the KV manager: its
+    table must grow, or with prefix caching a block fills (it turns cache-visible at
+    schedule time, as in vLLM)."""
+    if -(-target // block_size) > request.num_blocks:
+        return True
+    return caching and target // block_size > request.num_computed // block_size
+
+
 def schedule_fitting(
     running: list[EngineRequest],
     start: int,
@@ -28,19 +37,13 @@ def schedule_fitting(
     tokens fit its table without a KV call; return (the index of the first request that
     needs one, or ``len(running)``, and the budget left).
 
-    A call is needed when the table must grow, or with prefix caching when a block
-    fills: it turns cache-visible at schedule time, as in vLLM.
     """
     i = start
     count = len(running)
     while i < count and budget > 0:
         request = running[i]
-        computed = request.num_computed
-        num_new = min(request.num_tokens - computed, budget)
-        target = computed + num_new
-        if -(-target // block_size) > request.num_blocks:
-            break
-        if caching and target // block_size > computed // block_size:
+        num_new = min(request.num_tokens - request.num_computed, budget)
+        if needs_call(request, request.num_computed + num_new, block_size, caching):
             break
         scheduled[request] = num_new
         budget -= num_new
@@ -59,12 +62,9 @@ def plan_slots(
     count = len(running)
     while i < count and budget > 0:
         request = running[i]
-        computed = request.num_computed
-        num_new = min(request.num_tokens - computed, budget)
-        target = computed + num_new
-        if -(-target // block_size) > request.num_blocks or (
-            caching and target // block_size > computed // block_size
-        ):
+        num_new = min(request.num_tokens - request.num_computed, budget)
+        target = request.num_computed + num_new
+        if needs_call(request, target, block_size, caching):
             plan.append((i, target))
         budget -= num_new
         i += 1
