@@ -1,7 +1,9 @@
 """The engine driver without HTTP: loop-agnostic (asyncio, uvloop, trio), one task owning
-the engine, requests in over a memory stream, outputs back over one stream each."""
+the engine, requests in over a memory stream, outputs back in one outbox each."""
 
 from __future__ import annotations
+
+import math
 
 import anyio
 import pytest
@@ -73,3 +75,17 @@ async def test_submitting_after_close_raises_and_the_task_drains_first() -> None
 def test_a_negative_speedup_is_refused() -> None:
     with pytest.raises(ValueError, match="speedup_ratio"):
         EngineDriver(EngineConfig(), speedup_ratio=-1)
+
+
+async def test_a_paced_driver_counts_every_step_by_its_lateness() -> None:
+    driver = EngineDriver(EngineConfig(num_gpu_blocks=64, block_size=4), speedup_ratio=50)
+    with anyio.fail_after(GUARD_S):
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(driver.run)
+            outputs = [o async for o in driver.submit(spec("a", [1, 2, 3], 6))]
+            driver.close()
+    engine = driver.engine
+    assert engine is not None
+    assert len(outputs) == 6
+    assert sum(driver.lag_counts.values()) == engine.stats.steps == 6
+    assert max(driver.lag_counts) == max(0, math.ceil(driver.worst_lag_s * 1000))

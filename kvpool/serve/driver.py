@@ -12,7 +12,8 @@ moment the driver starts; after each step the driver sleeps until the wall clock
 reaches the step's end (``start + clock / R``) and only then sends the step's tokens,
 so a token is sent when the simulated clock passes the end of its step. An idle
 engine's clock jumps to "now" when a request arrives. ``worst_lag_s`` records how late
-(wall seconds) a step's tokens were sent past that instant. With R = 0 the engine
+(wall seconds) a step's tokens were sent past that instant, and ``lag_counts`` how many
+steps were late by each whole number of milliseconds (rounded up; 0: on time). With R = 0 the engine
 runs as fast as it can, yielding to the event loop after every step.
 
 Invariants: a request is in ``_live`` from its `Submit` until its last `Output` is
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -104,6 +106,7 @@ class EngineDriver:
         self._metrics: RankMetrics | None = None if metrics is None else metrics.rank(rank)
         self.outstanding = 0
         self.worst_lag_s = 0.0
+        self.lag_counts: Counter[int] = Counter()  # paced steps by lateness in ms (bounded)
         self.leaked_blocks: int | None = None  # set when the task ends
         self.engine: MockEngine | None = None
         self._send, self._receive = anyio.create_memory_object_stream[Submit | Abort](math.inf)
@@ -225,6 +228,7 @@ class EngineDriver:
         if delay > 0:
             await anyio.sleep(delay)
         lag = time.perf_counter() - deadline
+        self.lag_counts[max(0, math.ceil(lag * 1000))] += 1
         if lag > self.worst_lag_s:
             self.worst_lag_s = lag
 
