@@ -75,7 +75,7 @@ async def load(speedup: float, requests: int, max_tokens: int, prompt_words: int
     state = ServeState(EngineConfig(num_gpu_blocks=8192), speedup_ratio=speedup)
     context = multiprocessing.get_context("spawn")
     results: Queue[Any] = context.Queue()
-    async with running_server(state, log_level="error") as url:
+    async with running_server(state, log_level="error", freeze_gc=True) as url:  # as serve
         child = context.Process(
             target=clients, args=(url, requests, max_tokens, prompt_words, results)
         )

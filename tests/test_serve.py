@@ -7,6 +7,7 @@ The server runs on uvicorn inside the test's own event loop (`running_server`, p
 
 from __future__ import annotations
 
+import gc
 import math
 from typing import Any
 
@@ -379,3 +380,17 @@ async def test_streamed_chunks_are_openais_compact_json_byte_for_byte(chat: bool
     assert finishes == [None] * (len(finishes) - 1) + ["length"]
     assert len(texts) == 6 + chat  # chat opens with the assistant's role
     assert "".join(texts)
+
+
+async def test_the_startup_heap_is_frozen_only_when_asked() -> None:
+    """`kvpool serve` marks its startup heap static, as vLLM's server does; an embedded
+    server leaves its caller's heap alone unless told to."""
+    before = gc.get_freeze_count()
+    try:
+        with anyio.fail_after(GUARD_S):
+            async with running_server(small_state()):
+                assert gc.get_freeze_count() == before
+            async with running_server(small_state(), freeze_gc=True):
+                assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()

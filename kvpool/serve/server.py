@@ -5,10 +5,17 @@ requests in flight to finish, then the app's lifespan lets the engines drain and
 that every pool is back to zero active blocks. The exit status is 0 then, 1 if a block
 leaked. `running_server` runs the same server inside an existing asyncio loop (tests,
 benchmarks) on a port the OS picks.
+
+Once started, `serve` marks the startup heap static (``gc.freeze``), as vLLM's server
+does: the oldest generation's collections then skip the imports and the engines, and a
+500-stream load's pauses for them fell from about 130 ms to about 70 ms
+(benchmarks/README.md). `running_server` does it only when asked (``freeze_gc``): it
+shares its process with its caller, whose heap is not the server's to freeze.
 """
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -63,6 +70,11 @@ def _config(state: ServeState, host: str, port: int, log_level: str) -> uvicorn.
     )
 
 
+def _freeze_startup_heap() -> None:
+    gc.collect()
+    gc.freeze()
+
+
 def serve(state: ServeState, host: str, port: int, *, log_level: str = "warning") -> int:
     """Serve until SIGTERM/SIGINT; return 0, or 1 if a KV block leaked."""
     server = _Server(_config(state, host, port, log_level))
@@ -70,6 +82,8 @@ def serve(state: ServeState, host: str, port: int, *, log_level: str = "warning"
     async def announce() -> None:
         while not server.started and not server.should_exit:
             await anyio.sleep(0.01)
+        if server.started:
+            _freeze_startup_heap()
         if server.bound is not None:
             bound_host, bound_port = server.bound
             print(
@@ -97,11 +111,18 @@ def serve(state: ServeState, host: str, port: int, *, log_level: str = "warning"
 
 @asynccontextmanager
 async def running_server(
-    state: ServeState, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"
+    state: ServeState,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    log_level: str = "warning",
+    freeze_gc: bool = False,
 ) -> AsyncIterator[str]:
     """Run the server in this (asyncio) loop; yield its base URL (``http://host:port``).
 
-    On exit it shuts down as on SIGTERM: requests in flight finish, the engines drain.
+    With ``freeze_gc``, the heap is marked static once the server started, as `serve`
+    does (see the module doc). On exit it shuts down as on SIGTERM: requests in flight
+    finish, the engines drain.
     """
     server = _Server(_config(state, host, port, log_level))
     async with anyio.create_task_group() as tasks:
@@ -112,6 +133,8 @@ async def running_server(
             await anyio.sleep(0.005)
         bound = server.bound
         assert bound is not None
+        if freeze_gc:
+            _freeze_startup_heap()
         try:
             yield f"http://{bound[0]}:{bound[1]}"
         finally:
