@@ -274,8 +274,10 @@ class StepCounter:
             counter.steps += 1
             return await step(engine)
 
-        async def counted_fast_forward(engine: MockEngine, until: float = math.inf) -> int:
-            jumped = await fast_forward(engine, until)
+        async def counted_fast_forward(
+            engine: MockEngine, until: float = math.inf, *, cross_boundaries: bool = True
+        ) -> int:
+            jumped = await fast_forward(engine, until, cross_boundaries=cross_boundaries)
             if jumped:
                 counter.jumps += 1
                 counter.jumped += jumped

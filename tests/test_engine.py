@@ -441,14 +441,14 @@ class CountingKv(LocalKvClient):
 
     def __init__(self, manager: KvManager) -> None:
         super().__init__(manager)
-        self.slots: list[list[str]] = []  # each allocate_step call's request ids
+        self.slots: list[list[str]] = []  # each step's request ids, each call's
         self.costs = 0
 
-    async def allocate_step(
-        self, slots: Sequence[SlotRequest], probe: str | None = None
-    ) -> StepAllocations:
-        self.slots.append([slot.request_id for slot in slots])
-        return await super().allocate_step(slots, probe)
+    async def allocate_steps(
+        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+    ) -> list[StepAllocations]:
+        self.slots.extend([slot.request_id for slot in slots] for slots in steps)
+        return await super().allocate_steps(steps, probe)
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         self.costs += 1

@@ -109,21 +109,42 @@ EPOCH = 1_750_000_000.0
 
 class OneSlotKv(LocalKvClient):
     """The manager as the engine used it before a step's allocations shared a call:
-    each slot alone, in order, until one does not fit, and no admission-cost probe (the
-    engine then asks `prefill_cost` itself)."""
+    each step alone, each slot alone, in order, until one does not fit, and no
+    admission-cost probe (the engine then asks `prefill_cost` itself)."""
 
-    async def allocate_step(
-        self, slots: Sequence[SlotRequest], probe: str | None = None
-    ) -> StepAllocations:
+    async def allocate_steps(
+        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+    ) -> list[StepAllocations]:
         manager = self.manager
-        allocations, events = [], []
-        for slot in slots:
-            outcome = manager.allocate_step([slot])
-            events.extend(outcome.events)
-            if not outcome.allocations:
+        results = []
+        for slots in steps:
+            allocations, events = [], []
+            for slot in slots:
+                outcome = manager.allocate_step([slot])
+                events.extend(outcome.events)
+                if not outcome.allocations:
+                    break
+                allocations.extend(outcome.allocations)
+            results.append(
+                StepAllocations(allocations, events + manager.take_events(), manager.stats())
+            )
+            if len(allocations) < len(slots):
                 break
-            allocations.extend(outcome.allocations)
-        return StepAllocations(allocations, events + manager.take_events(), manager.stats())
+        return results
+
+
+class CountingSteps(LocalKvClient):
+    """Records each `allocate_steps` call: per step, its slots' token counts."""
+
+    def __init__(self, manager: KvManager) -> None:
+        super().__init__(manager)
+        self.calls: list[list[list[int]]] = []
+
+    async def allocate_steps(
+        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+    ) -> list[StepAllocations]:
+        self.calls.append([[slot.num_tokens for slot in slots] for slots in steps])
+        return await super().allocate_steps(steps, probe)
 
 
 @asynccontextmanager
@@ -471,19 +492,28 @@ async def snapshot(engine: MockEngine, sink: EventCollector) -> dict[str, Any]:
     }
 
 
-async def step_is_pure(engine: MockEngine, until: float, *, strict: bool) -> bool:
+async def step_is_pure(
+    engine: MockEngine, until: float, *, strict: bool, cross: bool = True
+) -> bool:
     """Step ``engine``; True if that was a pure decode step starting before ``until``.
 
     Pure: every request scheduled was running and decodes its one token, with no
-    allocation, no block filling (with prefix caching: it would turn cache-visible), no
-    finish, no preemption and no admission; ``strict``: every running request scheduled
-    (the token budget does not bind).
+    finish, no preemption and no admission, and - unless ``cross`` and the queue's
+    head could not be admitted whatever the cache holds (the queue is empty,
+    ``max_num_seqs`` or the token budget holds it back, or prefix caching is off) - no
+    allocation and no block filling (with prefix caching: it would turn
+    cache-visible); ``strict``: every running request scheduled (the token budget does
+    not bind).
     """
-    caching = engine.config.enable_prefix_caching
-    block_size = engine.config.block_size
+    config = engine.config
+    caching = config.enable_prefix_caching
+    block_size = config.block_size
     start = engine.clock
     before = [(r, r.num_tokens, r.num_computed, r.num_blocks, r.num_output) for r in engine.running]
     waiting = len(engine.waiting)
+    budget = config.max_num_batched_tokens - len(before)
+    admits = waiting and budget > 0 and len(before) < config.max_num_seqs
+    crosses = cross and not (admits and caching)
     result = await engine.step()
     ids = [request.request_id for request, *_ in before]
     scheduled = list(result.scheduled)
@@ -492,8 +522,8 @@ async def step_is_pure(engine: MockEngine, until: float, *, strict: bool) -> boo
         for request, tokens, computed, blocks, output in before
         if output >= 1
         and computed + 1 == tokens
-        and request.num_blocks == blocks
-        and not (caching and (computed + 1) % block_size == 0)
+        and (crosses or request.num_blocks == blocks)
+        and not (caching and not crosses and (computed + 1) % block_size == 0)
     }
     return (
         start < until
@@ -531,12 +561,12 @@ class Twins:
         await self.check()
         return aborted[0]
 
-    async def fast_forward(self, until: float = math.inf) -> int:
+    async def fast_forward(self, until: float = math.inf, *, cross: bool = True) -> int:
         """Jump ``jumper``; step ``stepper`` as many times, each a pure decode step."""
-        taken = await self.jumper.fast_forward(until)
+        taken = await self.jumper.fast_forward(until, cross_boundaries=cross)
         assert taken >= 0
         for index in range(taken):
-            assert await step_is_pure(self.stepper, until, strict=False), (
+            assert await step_is_pure(self.stepper, until, strict=False, cross=cross), (
                 f"step {index + 1} of a jump of {taken} is not a pure decode step"
             )
         await self.check()
@@ -544,24 +574,26 @@ class Twins:
             self.jumps.append(taken)
         return taken
 
-    async def step(self, until: float = math.inf) -> bool:
+    async def step(self, until: float = math.inf, *, cross: bool = True) -> bool:
         """Step both; True if the step was a (strictly) pure decode step before ``until``."""
         await self.jumper.step()
-        pure = await step_is_pure(self.stepper, until, strict=True)
+        pure = await step_is_pure(self.stepper, until, strict=True, cross=cross)
         await self.check()
         return pure
 
-    async def advance(self, until: float = math.inf) -> None:
+    async def advance(self, until: float = math.inf, *, cross: bool = True) -> None:
         """Jump (as often as the jumper takes steps), then step once: a jump that took 0
         leaves a next step that is not a pure decode step before ``until``."""
-        while await self.fast_forward(until):
+        while await self.fast_forward(until, cross=cross):
             pass
         if self.jumper.has_work and self.jumper.clock < until:
-            assert not await self.step(until), "fast_forward stopped short of a pure step"
+            assert not await self.step(until, cross=cross), (
+                "fast_forward stopped short of a pure step"
+            )
 
-    async def run(self) -> None:
+    async def run(self, *, cross: bool = True) -> None:
         while self.jumper.has_work:
-            await self.advance()
+            await self.advance(cross=cross)
 
     async def check(self) -> None:
         jumper = await snapshot(self.jumper, self.sinks[0])
@@ -611,8 +643,11 @@ def one(name: str, prompt: int, output: int, arrival: float = 0.0) -> RequestSpe
         (False, [1, 3, 3, 3, 3]),
     ],
 )
-def test_a_jump_stops_before_a_block_boundary(caching: bool, jumps: list[int]) -> None:
-    """A jump ends before the step that allocates a block or (caching) fills one."""
+def test_a_jump_that_may_not_cross_stops_before_a_block_boundary(
+    caching: bool, jumps: list[int]
+) -> None:
+    """Without crossing (``cross_boundaries=False``, as when a waiting request may be
+    admitted), a jump ends before the step that allocates a block or (caching) fills one."""
     config = EngineConfig(
         num_gpu_blocks=64, block_size=4, enable_prefix_caching=caching, timing=STEP
     )
@@ -620,21 +655,54 @@ def test_a_jump_stops_before_a_block_boundary(caching: bool, jumps: list[int]) -
 
     async def main() -> None:
         await twins.submit(one("a", 3, 20))
-        assert not await twins.step()  # the prefill
+        assert not await twins.step(cross=False)  # the prefill
         while twins.jumper.has_work:
-            if await twins.fast_forward():
+            if await twins.fast_forward(cross=False):
                 request = twins.jumper.running[0]
                 position = request.num_computed + 1  # the next step computes this token
                 allocates = position > request.num_blocks * 4
                 fills = caching and position % 4 == 0
                 finishes = request.num_output + 1 == 20
                 assert allocates or fills or finishes
-            await twins.advance()
+            await twins.advance(cross=False)
 
     anyio.run(main, backend="asyncio")
     assert twins.jumps == jumps
     assert twins.jumper.stats.steps == 20
     assert twins.jumper.clock == 5.0
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_jump_crosses_block_boundaries_in_one_call_when_nobody_waits(caching: bool) -> None:
+    """With nobody waiting, one jump takes every decode step up to the finish: the
+    tables grow and (caching) the blocks fill in one `allocate_steps` call, each step's
+    events in a batch of its own, stamped with its end, as when stepping."""
+    config = EngineConfig(
+        num_gpu_blocks=64, block_size=4, enable_prefix_caching=caching, timing=STEP
+    )
+    twins = Twins(config)
+    assert isinstance(twins.jumper.kv, LocalKvClient)
+    counting = CountingSteps(twins.jumper.kv.manager)
+    twins.jumper.kv = counting
+
+    async def main() -> None:
+        await twins.submit(one("a", 3, 20))
+        assert not await twins.step()  # the prefill
+        assert await twins.fast_forward() == 18  # positions 4..21; 22 finishes
+        await twins.run()
+
+    anyio.run(main, backend="asyncio")
+    assert twins.jumps == [18]
+    assert twins.jumper.stats.steps == 20
+    assert twins.jumper.clock == 5.0
+    # the jump's one call: the steps computing positions 4 (a fill), 5 (a growth), 8, 9...
+    grows = [[5, 9, 13, 17, 21]]
+    fills = [[4, 8, 12, 16, 20]] if caching else [[]]
+    [jump] = [call for call in counting.calls if len(call) > 1]
+    assert [target for [target] in jump] == sorted(grows[0] + fills[0])
+    if caching:  # five blocks stored, each in the batch of the step that filled it
+        stored = [batch for batch in twins.sinks[0].batches if batch.events]
+        assert [batch.ts for batch in stored] == [0.25 * (p - 2) for p in fills[0]]
 
 
 def test_a_jump_stops_before_a_finish() -> None:

@@ -450,6 +450,24 @@ def _misuse_manager() -> KvManager:
             lambda m: m.allocate_step([Slot("b", 4), Slot("a", 69, list(range(64)))]),
             CapacityError,
         ),
+        # several steps' allocations: every step is checked before the first is allocated,
+        # a request's tokens counted with those its earlier steps' slots append
+        (lambda m: m.allocate_steps([]), InvalidArgumentError),
+        (lambda m: m.allocate_steps([[Slot("b", 4)], "b"]), InvalidArgumentError),
+        (lambda m: m.allocate_steps([[Slot("b", 4)], [Slot("nope", 1)]]), UnknownRequestError),
+        (lambda m: m.allocate_steps([[Slot("b", 6, [1])], [Slot("b", 8, [2])]]), TokenCountError),
+        (
+            lambda m: m.allocate_steps([[Slot("b", 4)], [Slot("b", 5), Slot("b", 5)]]),
+            InvalidArgumentError,
+        ),
+        (
+            lambda m: m.allocate_steps([[Slot("b", 4)], [Slot("a", 10)]], "nope"),
+            UnknownRequestError,
+        ),
+        (
+            lambda m: m.allocate_steps([[Slot("b", 6, [1])], [Slot("b", 7, [2**32])]]),
+            InvalidArgumentError,
+        ),
     ],
 )
 def test_misuse_raises_a_typed_error_and_changes_nothing(call: Any, error: type[PoolError]) -> None:
@@ -788,3 +806,64 @@ def test_a_probe_is_the_prefill_cost_after_the_step_allocations() -> None:
     got = one.allocate_step([Slot("b", 12)], probe="c")
     assert got.cost == two.prefill_cost("c") == PrefillCost(1, 0, 2)
     assert one.allocate_step([]).cost is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_several_steps_allocations_are_one_step_allocation_per_step(data: st.DataObject) -> None:
+    """Random tables, then random steps of random slots (a request in several steps, its
+    tokens growing): allocate_steps agrees with allocate_step called step by step until
+    one stops short, each step's events and counters its own, and the probe's cost
+    after the last step tried."""
+    capacity = data.draw(st.integers(2, 12), label="capacity")
+    one, two = make(capacity=capacity), make(capacity=capacity)
+    names: list[str] = []
+    for i in range(data.draw(st.integers(1, 5), label="requests")):
+        name = f"r{i}"
+        prompt = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=12), label=name)
+        done = data.draw(st.integers(0, min(len(prompt), capacity * BS)), label=f"{name} has")
+        fits = True
+        for manager in (one, two):
+            manager.add_request(name, prompt)
+            if done:
+                fits = manager.allocate(name, done, cache=True) is not None
+        names.append(name)
+        if not fits:
+            for manager in (one, two):
+                manager.free(name)
+            names.remove(name)
+    tokens = {name: two.num_tokens(name) for name in names}
+    computed = {name: two.num_computed_tokens(name) for name in names}
+    steps = []
+    for _ in range(data.draw(st.integers(1, 4), label="steps")):
+        chosen = (
+            data.draw(st.lists(st.sampled_from(names), unique=True), label="slots") if names else []
+        )
+        slots = []
+        for name in chosen:
+            new = data.draw(st.lists(st.integers(0, 3), max_size=5), label=f"{name} new")
+            most = min(tokens[name] + len(new), capacity * BS)
+            if most < computed[name]:
+                continue
+            target = data.draw(st.integers(computed[name], most), label="target")
+            tokens[name] += len(new)
+            computed[name] = target
+            slots.append(Slot(name, target, new))
+        steps.append(slots)
+    probe = data.draw(st.sampled_from([None, *names]), label="probe")
+    expected = []
+    for slots in steps:
+        outcome = two.allocate_step(slots)
+        expected.append(outcome)
+        if len(outcome.allocations) < len(slots):
+            break
+    got = one.allocate_steps(steps, probe)
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert [(len(a.block_ids), a.cached_blocks, a.removed) for a in mine.allocations] == [
+            (len(a.block_ids), a.cached_blocks, a.removed) for a in theirs.allocations
+        ]
+        assert (mine.events, mine.stats) == (theirs.events, theirs.stats)
+    assert [step.cost for step in got[:-1]] == [None] * (len(got) - 1)
+    assert got[-1].cost == (None if probe is None else two.prefill_cost(probe))
+    assert same_state(one, two)

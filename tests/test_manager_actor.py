@@ -23,7 +23,7 @@ from kvpool.errors import (
 from kvpool.events import decode_batch, encode_batch
 from kvpool.manager import KvManager, ManagerClient, SlotRequest, open_manager
 from kvpool.manager.handlers import ManagerHandlers
-from kvpool.manager.messages import AddRequest, AllocateSlots, AllocateStep, TakeEvents
+from kvpool.manager.messages import AddRequest, AllocateSlots, AllocateSteps, TakeEvents
 from kvpool.pool import BlockPool
 
 BS = 4
@@ -334,23 +334,28 @@ def test_undoing_an_unread_allocation_gives_the_blocks_back() -> None:
     manager.check_invariants()
 
 
-def test_undoing_an_unread_step_allocation_gives_back_its_blocks_and_its_events() -> None:
-    """An `AllocateStep` whose caller never read the reply: its blocks go back and the
-    events it drained (an older one included) are queued again, oldest first."""
+def test_undoing_unread_step_allocations_give_back_their_blocks_and_their_events() -> None:
+    """An `AllocateSteps` whose caller never read the reply: every step's blocks go back
+    and the events they drained (an older one included) are queued again, oldest first."""
     handlers, manager = _handlers()
     manager.add_request("old", list(range(100, 104)))
     assert manager.allocate("old", 4, cache=True) is not None  # one Stored queued
     manager.add_request("a", list(range(9)))
     manager.add_request("b", list(range(50, 55)))
-    message = AllocateStep([SlotRequest("a", 9), SlotRequest("b", 5)])
-    reply = handlers.allocate_step(message)
-    assert [len(allocation.block_ids) for allocation in reply.allocations] == [3, 2]
-    assert [len(e.block_hashes) for e in reply.events] == [1, 2, 1]  # old's, a's, b's
+    message = AllocateSteps(
+        [[SlotRequest("a", 9), SlotRequest("b", 5)], [SlotRequest("a", 13, [1, 2, 3, 4])]]
+    )
+    reply = handlers.allocate_steps(message)
+    first, second = reply.steps
+    assert [len(allocation.block_ids) for allocation in first.allocations] == [3, 2]
+    assert [len(e.block_hashes) for e in first.events] == [1, 2, 1]  # old's, a's, b's
+    assert [len(allocation.block_ids) for allocation in second.allocations] == [1]
+    assert [len(e.block_hashes) for e in second.events] == [1]  # a's third block filled
     assert manager.num_pending_events == 0
-    handlers.undo_allocate_step(message, reply)
+    handlers.undo_allocate_steps(message, reply)
     assert (manager.num_blocks("a"), manager.num_blocks("b")) == (0, 0)
     assert manager.pool.num_active() == 1  # old's block only
-    assert manager.take_events() == reply.events
+    assert manager.take_events() == first.events + second.events
     manager.check_invariants()
 
 

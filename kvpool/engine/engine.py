@@ -23,7 +23,7 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
    scheduled request's computed count grows; a request that has computed all its tokens
    samples one, and finishes, releasing its blocks leaf first, after its last output
    token. The running requests that need blocks (or fill one) are allocated in one
-   call (`KvClient.allocate_step`, in order, stopping at the first that does not fit:
+   call (`KvClient.allocate_steps`, in order, stopping at the first that does not fit:
    it preempts, then the rest go in the next call), and each admission in one more.
    That call also drains the events queued so far and reads the counters, and the
    engine counts the blocks it was given, so only a step that finished, preempted or
@@ -58,9 +58,10 @@ last block in their first step. The corner cases, as vLLM 0.33 decides them:
 Generated tokens reach the manager lazily, before a call that needs them (an allocation,
 a block filling, a preemption): a partial block has no hash, so the manager loses
 nothing by waiting, and a decode step that neither grows the table nor fills a block
-costs no call of its own. A run of such steps, with nobody arriving, finishing or
-admitted, changes nothing but the clock and the counts: `MockEngine.fast_forward` takes
-it in one jump, with results identical to single steps.
+costs no call of its own. A run of decode steps with nobody arriving, finishing,
+preempted or admitted changes nothing but the clock, the counts and the blocks that
+fill or are added at block boundaries: `MockEngine.fast_forward` takes it in one jump,
+those blocks in one call, with results identical to single steps.
 
 A request that could never run - more blocks than the pool holds for its prompt plus its
 output, or, with chunked prefill off, more tokens than one step's budget - is rejected
@@ -81,6 +82,7 @@ from kvpool.engine.request import EngineRequest
 from kvpool.engine.stepping import (
     apply_jump,
     apply_step,
+    plan_crossing,
     plan_jump,
     plan_slots,
     schedule_fitting,
@@ -159,7 +161,7 @@ class MockEngine:
         self._num_active = -1
         # Whether a KV call since the last `finish_step` changed the usage in a way the
         # engine does not count itself (a preemption or an abort frees blocks others may
-        # share). Allocations (`KvClient.allocate_step`) drain their events and read the
+        # share). Allocations (`KvClient.allocate_steps`) drain their events and read the
         # counters in the same call, and their blocks are counted here, so a step whose
         # only KV work is allocations, with nothing finished, needs no `finish_step`.
         self._dirty = True
@@ -282,24 +284,37 @@ class MockEngine:
             finished=finished,
         )
 
-    async def fast_forward(self, until: float = math.inf) -> int:
-        """Take at once the pure decode steps that start before ``until``; return how
-        many (0: the next step is not one, or does not start before ``until``: `step`).
+    async def fast_forward(self, until: float = math.inf, *, cross_boundaries: bool = True) -> int:
+        """Take at once the decode steps that start before ``until``; return how many
+        (0: the next step is not one, or does not start before ``until``: `step`).
 
-        A step is *pure* when every running request decodes one token and none of them
-        needs the KV manager or leaves: none reaches a block boundary (its table must
-        grow, or with prefix caching a block fills and turns visible), none samples its
-        last token, every running request fits the token budget, and the waiting queue
-        admits nobody. Such a step changes no block, so the pool, the KV usage, the
-        admission check's answer and every counter but the clock's and the tokens' stay
-        as they were, and so do the next steps until one of those things happens. The
-        jump computes them in closed form: each step's duration from the timing model
-        (once, when it cannot vary within the stretch), the clock added step by step (so
-        it is bit for bit the clock of single steps), one inter-token gap per step
-        counted for all running requests, and each request's counts moved (its tokens
-        reach the manager when a call needs them, as after single steps). Stats,
-        samples, records and event batches come out exactly as `step` would make them:
-        nothing is published, since nothing changed.
+        Such a step has every running request decode one token, and none leaves: none
+        samples its last token, every running request fits the token budget, the
+        waiting queue admits nobody, and every table that grows gets its block (a
+        growth that would not fit preempts: the jump stops before it). What else it may
+        do depends on the queue's head:
+
+        - *Nobody can be admitted whatever the cache holds* (the queue is empty, the
+          head is held back by ``max_num_seqs`` or the token budget, or prefix caching
+          is off, so the jump's growth only makes the head's need harder to meet) and
+          ``cross_boundaries`` (the default): the jump crosses block boundaries. The
+          tables that grow and the blocks that fill (turning visible) in its steps go
+          to the manager in one `KvClient.allocate_steps` call, one group per step;
+          each step's events are published as a batch of its own, stamped with that
+          step's end, and each step's duration reads the KV usage after its growth.
+        - Otherwise (the head's admission depends on what the cache holds, or
+          ``cross_boundaries=False``, which a paced run passes so that no batch goes
+          out before its time): the jump also stops before a step in which a table
+          grows or a block fills. Its steps change no block and need no KV call, and
+          the head's admission, asked once, keeps its answer throughout.
+
+        The jump computes its steps in closed form: each step's duration from the
+        timing model (asked again only when the context or the usage can change it),
+        the clock and the busy time added step by step (so they are bit for bit those
+        of single steps), one inter-token gap per step counted for all running
+        requests, and each request's counts moved (its tokens reach the manager with
+        the allocation that needs them, as after single steps). Stats, samples, records
+        and event batches come out exactly as `step` would make them.
         """
         running = self.running
         clock = self.clock
@@ -312,11 +327,18 @@ class MockEngine:
         budget = config.max_num_batched_tokens - n
         if budget < 0:
             return 0  # not every running request is scheduled
+        waiting = self.waiting
+        admits = waiting and budget > 0 and n < config.max_num_seqs
+        if cross_boundaries and not (admits and caching):
+            # Nobody can be admitted during the jump: the queue's head is held back by
+            # the limits, or (no prefix caching) by a need for blocks that the jump's
+            # growth only makes harder to meet.
+            if admits and await self._admission(waiting[0], budget) is not None:
+                return 0  # the next step admits the head of the queue
+            return await self._cross(until)
         steps, context = plan_jump(running, bs, caching)
         if not steps:
             return 0
-        waiting = self.waiting
-        admits = waiting and budget > 0 and n < config.max_num_seqs
         if admits and await self._admission(waiting[0], budget) is not None:
             return 0  # the next step admits the head of the queue
 
@@ -366,6 +388,81 @@ class MockEngine:
             stats.prefix_query_tokens,
             stats.prefix_hit_tokens,
         )
+        return taken
+
+    async def _cross(self, until: float) -> int:
+        """`fast_forward` when nobody can be admitted: jump across block boundaries
+        too, the steps' allocations in one `KvClient.allocate_steps` call, each step's
+        events published as its own batch, stamped with its own end."""
+        config = self.config
+        running = self.running
+        capacity = config.num_gpu_blocks
+        timing = config.timing
+        stats = self.stats
+        active = self._num_active
+        plan = plan_crossing(
+            running,
+            config.block_size,
+            config.enable_prefix_caching,
+            self.clock,
+            until,
+            active,
+            capacity,
+            timing,
+            type(timing) not in _CONTEXT_FREE_TIMING,
+            stats.busy_s,
+        )
+        taken = plan.taken
+        if not taken:
+            return 0
+        results = await self.kv.allocate_steps(plan.groups) if plan.groups else []
+        if len(results) != len(plan.groups):
+            raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
+        grown = active
+        for members, slots, result in zip(plan.group_members, plan.groups, results, strict=True):
+            if len(result.allocations) != len(slots):
+                raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
+            for index, allocation in zip(members, result.allocations, strict=True):
+                running[index].num_blocks += len(allocation.block_ids)
+                grown += len(allocation.block_ids)
+        if grown != plan.active:
+            raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
+        n = len(running)
+        self.clock = plan.clock
+        stats.busy_s = plan.busy
+        stats.steps += taken
+        stats.decode_tokens += n * taken
+        stats.generated_tokens += n * taken
+        for gap, count in plan.gaps.items():
+            stats.record_itl(gap, count)
+        apply_jump(running, stats, taken, plan.first_end, plan.clock)
+        self._num_active = plan.active
+        if not plan.groups or plan.group_steps[0]:
+            stats.record_sample(
+                plan.first_end,
+                active / capacity,
+                stats.prefix_query_tokens,
+                stats.prefix_hit_tokens,
+            )
+        sink = self.sink
+        for end, blocks, result in zip(plan.group_ends, plan.group_active, results, strict=True):
+            counters = result.stats
+            stats.evictions = counters.evictions
+            stats.prefix_query_tokens = counters.prefix_query_tokens
+            stats.prefix_hit_tokens = counters.prefix_hit_tokens
+            if result.events:
+                stats.event_batches += 1
+                if sink is not None:
+                    sink.publish(
+                        KVEventBatch(
+                            ts=self.epoch + end * self.ts_scale,
+                            events=result.events,
+                            data_parallel_rank=self.rank,
+                        )
+                    )
+            stats.record_sample(
+                end, blocks / capacity, counters.prefix_query_tokens, counters.prefix_hit_tokens
+            )
         return taken
 
     async def run_until_idle(self) -> None:
@@ -500,7 +597,7 @@ class MockEngine:
         """Allocate (and cache) ``slots`` in order while they fit, keeping the events and
         counters the call drained for this step's end; return the outcome (what fit, and
         ``probe``'s admission cost)."""
-        outcome = await self.kv.allocate_step(slots, probe)
+        outcome = (await self.kv.allocate_steps([slots], probe))[0]
         if outcome.events:
             self._step_events.extend(outcome.events)
         stats = self.stats

@@ -92,13 +92,14 @@ class KvClient(Protocol):
         """
         ...
 
-    async def allocate_step(
-        self, slots: Sequence[SlotRequest], probe: str | None = None
-    ) -> StepAllocations:
-        """A step's allocations, each ``allocate(..., cache=True, new_tokens=...)``, in
-        order until one does not fit, and in the same call the events queued so far,
-        drained, the counters after them and ``probe``'s `prefill_cost`: a step whose
-        only KV work is allocations needs no `finish_step` (`KvManager.allocate_step`).
+    async def allocate_steps(
+        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+    ) -> list[StepAllocations]:
+        """One or more steps' allocations, each ``allocate(..., cache=True,
+        new_tokens=...)``, in order until one does not fit, each step's events drained
+        and counters read after it, and ``probe``'s `prefill_cost` after the last: a step
+        whose only KV work is allocations needs no `finish_step`, and a run of such steps
+        costs one call (`KvManager.allocate_steps`).
 
         Raises what `allocate` raises, before anything changes.
         """
@@ -207,10 +208,10 @@ class LocalKvClient:
     ) -> Allocation | None:
         return self._manager.allocate(request_id, num_tokens, cache=cache, new_tokens=new_tokens)
 
-    async def allocate_step(
-        self, slots: Sequence[SlotRequest], probe: str | None = None
-    ) -> StepAllocations:
-        return self._manager.allocate_step(slots, probe)
+    async def allocate_steps(
+        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+    ) -> list[StepAllocations]:
+        return self._manager.allocate_steps(steps, probe)
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         self._manager.mark_computed(request_id, num_computed_tokens)
@@ -281,10 +282,10 @@ class TimedKvClient:
             self._inner.allocate(request_id, num_tokens, cache=cache, new_tokens=new_tokens)
         )
 
-    async def allocate_step(
-        self, slots: Sequence[SlotRequest], probe: str | None = None
-    ) -> StepAllocations:
-        return await self._timed(self._inner.allocate_step(slots, probe))
+    async def allocate_steps(
+        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+    ) -> list[StepAllocations]:
+        return await self._timed(self._inner.allocate_steps(steps, probe))
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         await self._timed(self._inner.mark_computed(request_id, num_computed_tokens))

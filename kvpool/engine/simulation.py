@@ -139,7 +139,7 @@ class Simulation:
             # A step is taken only if it starts before the next arrival (ties: the
             # arrival first), so a jump may cover only such steps.
             if fast_forward and await engine.fast_forward(
-                math.inf if spec is None else spec.arrival_s
+                math.inf if spec is None else spec.arrival_s, cross_boundaries=not speedup
             ):
                 heapq.heappush(busy, (engine.clock, engine.rank, index))
                 if speedup > 0:

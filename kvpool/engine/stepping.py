@@ -10,10 +10,12 @@ run as C; interpreted (``KVPOOL_PURE_PYTHON=1``, no compiler) they do the same.
 
 from __future__ import annotations
 
+import heapq
+
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
-from kvpool.engine.timing import StepWork
-from kvpool.manager.types import StepUpdate
+from kvpool.engine.timing import StepTiming, StepWork
+from kvpool.manager.types import SlotRequest, StepUpdate
 
 
 def needs_call(request: EngineRequest, target: int, block_size: int, caching: bool) -> bool:
@@ -202,3 +204,163 @@ def apply_jump(
         request.num_tokens += taken
         request.num_computed += taken
         request.last_token_s = end
+
+
+class CrossingJump:
+    """A run of decode steps that crosses block boundaries (`plan_crossing`): how many
+    steps, the clock, busy time and inter-token gaps they add, and the allocations of
+    the steps in which some request's table grows or a block fills."""
+
+    __slots__ = (
+        "active",
+        "busy",
+        "clock",
+        "first_end",
+        "gaps",
+        "group_active",
+        "group_ends",
+        "group_members",
+        "group_steps",
+        "groups",
+        "taken",
+    )
+
+    def __init__(self, clock: float, active: int) -> None:
+        self.taken = 0
+        self.clock = clock
+        self.first_end = clock
+        self.busy = 0.0
+        self.active = active
+        """The pool's active blocks after the last step's allocations."""
+        self.gaps: dict[float, int] = {}
+        """Inter-token gaps of every step but the first (each request's own)."""
+        self.groups: list[list[SlotRequest]] = []
+        """One step's allocations each, for `KvClient.allocate_steps`."""
+        self.group_members: list[list[int]] = []
+        """The running indexes of each group's slots."""
+        self.group_steps: list[int] = []
+        """The step (0 first) of each group."""
+        self.group_ends: list[float] = []
+        """The clock at the end of each group's step."""
+        self.group_active: list[int] = []
+        """The active blocks after each group's step."""
+
+
+def plan_crossing(
+    running: list[EngineRequest],
+    block_size: int,
+    caching: bool,
+    clock: float,
+    until: float,
+    active: int,
+    capacity: int,
+    timing: StepTiming,
+    varies: bool,
+    busy: float,
+) -> CrossingJump:
+    """Plan the decode steps that start before ``until`` while every running request
+    decodes, none samples its last token, and every table that grows gets its block
+    (each growth takes one fresh block, which fits while ``active < capacity``: the
+    free and evictable blocks). Unlike `plan_jump` it crosses block boundaries: the
+    requests that reach one in a step are that step's allocations, in running order,
+    each with the tokens generated since the manager last heard (``num_sent`` moves as
+    `EngineRequest.take_pending` moves it). Each step's duration is the timing model's
+    for that step (``varies``: it reads the context; the active blocks change only at a
+    growth). ``busy`` is the busy time so far: each step's duration is added to it and
+    to the clock one at a time, so both are bit for bit those of single steps. Nothing
+    else changes; taken 0 if the next step is not such a step.
+    """
+    plan = CrossingJump(clock, active)
+    n = len(running)
+    steps_max = -1
+    context = 0
+    next_grow: list[int] = []
+    next_fill: list[int] = []
+    heap: list[tuple[int, int]] = []
+    never = 1 << 62
+    for index in range(n):
+        request = running[index]
+        tokens = request.num_tokens
+        if not request.num_output or request.num_computed + 1 != tokens:
+            return plan  # not decoding (a prefill chunk, or recomputing)
+        left = request.spec.output.length - request.num_output - 1
+        if left <= 0:
+            return plan
+        if steps_max < 0 or left < steps_max:
+            steps_max = left
+        context += tokens
+        # step s computes token num_tokens + s - 1: the table grows once that passes its
+        # slots, and with caching a block fills when it ends one
+        grow = request.num_blocks * block_size - tokens + 1
+        fill = -tokens % block_size if caching else never
+        next_grow.append(grow)
+        next_fill.append(fill)
+        heap.append((min(grow, fill), index))
+    heapq.heapify(heap)
+    work = StepWork(
+        decode_seqs=n,
+        emitting=n,
+        context_tokens=context,
+        active_blocks=active,
+        capacity=capacity,
+        block_size=block_size,
+    )
+    duration = timing.duration(work)
+    gaps = plan.gaps
+    step = 0
+    while step < steps_max and clock < until:
+        members: list[int] = []
+        grows = 0
+        while heap and heap[0][0] == step:
+            index = heapq.heappop(heap)[1]
+            members.append(index)
+            if next_grow[index] == step:
+                grows += 1
+        if grows and active + grows > capacity:
+            break  # a growth would not fit: the step preempts
+        slots: list[SlotRequest] = []
+        if members:
+            for index in members:
+                request = running[index]
+                target = request.num_tokens + step
+                told = target - request.spec.input_length
+                sent = request.num_sent
+                new_tokens = request.spec.output.tokens(sent, told) if sent < told else []
+                request.num_sent = told
+                slots.append(SlotRequest(request.request_id, target, new_tokens))
+                if next_grow[index] == step:
+                    next_grow[index] = step + block_size
+                if next_fill[index] == step:
+                    next_fill[index] = step + block_size
+                heapq.heappush(heap, (min(next_grow[index], next_fill[index]), index))
+            active += grows
+        if (varies and step) or grows:
+            work = StepWork(
+                decode_seqs=n,
+                emitting=n,
+                context_tokens=context + step * n,
+                active_blocks=active,
+                capacity=capacity,
+                block_size=block_size,
+            )
+            duration = timing.duration(work)
+        start = clock
+        clock += duration
+        busy += duration
+        if step:
+            gap = clock - start
+            gaps[gap] = gaps.get(gap, 0) + n
+        else:
+            plan.first_end = clock
+        if members:
+            plan.groups.append(slots)
+            plan.group_members.append(members)
+            plan.group_steps.append(step)
+            plan.group_ends.append(clock)
+            plan.group_active.append(active)
+        step += 1
+    plan.taken = step
+    plan.clock = clock
+    plan.busy = busy
+    plan.active = active
+    return plan

@@ -32,7 +32,7 @@ from kvpool.manager.kv_manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,
-    AllocateStep,
+    AllocateSteps,
     AllocationReply,
     AppendTokens,
     CheckManager,
@@ -45,6 +45,7 @@ from kvpool.manager.messages import (
     MarkComputed,
     PreemptRequest,
     PrefillCostReply,
+    StepsReply,
     TakeEvents,
 )
 from kvpool.manager.types import (
@@ -130,17 +131,17 @@ class ManagerClient:
         )
         return reply.allocation
 
-    async def allocate_step(
-        self, slots: Sequence[SlotRequest], probe: str | None = None
-    ) -> StepAllocations:
-        """A step's allocations, in order, stopping at the first that does not fit, and
-        in the same turn the events queued so far, the counters after them and the
-        probed request's prefill cost (`KvManager.allocate_step`). Raises what it
-        raises, before anything changes."""
-        reply: StepAllocations = await self._call(
-            AllocateStep(slots, probe)  # type: ignore[arg-type]
+    async def allocate_steps(
+        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+    ) -> list[StepAllocations]:
+        """One or more steps' allocations, in order, stopping at the first that does not
+        fit, each step's events and counters read after it, and the probed request's
+        prefill cost after the last, in one turn (`KvManager.allocate_steps`). Raises
+        what it raises, before anything changes."""
+        reply: StepsReply = await self._call(
+            AllocateSteps(steps, probe)  # type: ignore[arg-type]
         )
-        return reply
+        return reply.steps
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """Record the computed-token count, making covered full blocks visible.

@@ -9,8 +9,8 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `AllocateSlots` hands blocks out: undone by `KvManager.undo_allocation` (released
   leaf first, computed count clipped). A BlockRemoved for what its reserve evicted
   stays queued, as those hashes really are gone.
-- `AllocateStep` hands blocks and events out: each allocation undone as `AllocateSlots`'s,
-  last first, then its events put back ahead of newer ones.
+- `AllocateSteps` hands blocks and events out: each allocation of each step undone as
+  `AllocateSlots`'s, last first, then the steps' events put back ahead of newer ones.
 - `TakeEvents` hands events out: undone by putting them back ahead of newer ones.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
@@ -30,7 +30,7 @@ from kvpool.manager.kv_manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,
-    AllocateStep,
+    AllocateSteps,
     AllocationReply,
     AppendTokens,
     CheckManager,
@@ -43,9 +43,10 @@ from kvpool.manager.messages import (
     MarkComputed,
     PreemptRequest,
     PrefillCostReply,
+    StepsReply,
     TakeEvents,
 )
-from kvpool.manager.types import StepAllocations, StepOutcome
+from kvpool.manager.types import StepOutcome
 from kvpool.messages import DoneReply
 
 _DONE = DoneReply()
@@ -64,7 +65,7 @@ class ManagerHandlers:
         """The manager protocol's handler table."""
         return {
             AllocateSlots: Handler(self.allocate, undo=self.undo_allocate, waits=_waits),
-            AllocateStep: Handler(self.allocate_step, undo=self.undo_allocate_step),
+            AllocateSteps: Handler(self.allocate_steps, undo=self.undo_allocate_steps),
             MarkComputed: Handler(self.mark_computed),
             AppendTokens: Handler(self.append_tokens),
             AddRequest: Handler(self.add_request, undo=self.undo_add_request),
@@ -96,15 +97,19 @@ class ManagerHandlers:
         if reply.allocation is not None:
             self.manager.undo_allocation(message.request_id, reply.allocation)
 
-    def allocate_step(self, message: AllocateStep) -> StepAllocations:
-        return self.manager.allocate_step(message.slots, message.probe)
+    def allocate_steps(self, message: AllocateSteps) -> StepsReply:
+        return StepsReply(self.manager.allocate_steps(message.steps, message.probe))
 
-    def undo_allocate_step(self, message: AllocateStep, reply: StepAllocations) -> None:
+    def undo_allocate_steps(self, message: AllocateSteps, reply: StepsReply) -> None:
         manager = self.manager
-        done = list(zip(message.slots, reply.allocations, strict=False))
-        for slot, allocation in reversed(done):  # last in, first out
-            manager.undo_allocation(slot.request_id, allocation)
-        manager.restore_events(reply.events)
+        done = [
+            (slot.request_id, allocation)
+            for slots, step in zip(message.steps, reply.steps, strict=False)
+            for slot, allocation in zip(slots, step.allocations, strict=False)
+        ]
+        for request_id, allocation in reversed(done):  # last in, first out
+            manager.undo_allocation(request_id, allocation)
+        manager.restore_events([event for step in reply.steps for event in step.events])
 
     def mark_computed(self, message: MarkComputed) -> DoneReply:
         self.manager.mark_computed(message.request_id, message.num_computed_tokens)

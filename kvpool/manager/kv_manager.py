@@ -244,25 +244,71 @@ class KvManager:
     def allocate_step(
         self, slots: Sequence[SlotRequest], probe: str | None = None
     ) -> StepAllocations:
-        """A scheduler's allocations for one step, in order, each
-        ``allocate(slot.request_id, slot.num_tokens, cache=True, new_tokens=slot.new_tokens)``;
-        then the events queued so far, drained, and the counters after them. A step whose
+        """One step's allocations: `allocate_steps` of ``[slots]``, its one result."""
+        return self.allocate_steps([slots], probe)[0]
+
+    def allocate_steps(
+        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+    ) -> list[StepAllocations]:
+        """A scheduler's allocations for one or more consecutive steps, in order: each
+        slot is ``allocate(slot.request_id, slot.num_tokens, cache=True,
+        new_tokens=slot.new_tokens)``, and after each step the events queued so far are
+        drained and the counters read into that step's `StepAllocations`. A step whose
         only KV work is allocations then needs no `finish_step` (the scheduler knows the
-        blocks it was given, so the occupancy too), and a step's allocations cost one
-        call, not one per request.
+        blocks it was given, so the occupancy too), a step's allocations cost one call,
+        not one per request, and a run of decode steps whose only KV work is blocks
+        filling and tables growing costs one call too, each step's events apart (a
+        batch of its own, stamped with its own time).
 
-        Stops at the first slot that does not fit: ``allocations`` holds one `Allocation`
-        per slot that fit, so when it is shorter than ``slots``, slot
+        Stops at the first slot that does not fit: that step's ``allocations`` hold one
+        `Allocation` per slot that fit, so when it is shorter than its slots, slot
         ``len(allocations)`` did not fit (its ``new_tokens`` stay appended, as with
-        `allocate`) and the later slots were not tried (untouched). Every slot is checked
-        before any is allocated: a slot `allocate` would refuse, a slot that is not a
-        `SlotRequest`, or a request named twice raises before anything changes.
+        `allocate`), the step's later slots and the later steps were not tried
+        (untouched), and the result has no entry for them. Every slot of every step is
+        checked before any is allocated (a request's tokens counted with those its
+        slots in earlier steps append): a slot `allocate` would refuse, a slot that is
+        not a `SlotRequest`, a request named twice in one step, or no step at all
+        raises `InvalidArgumentError` (or what `allocate` raises) before anything
+        changes.
 
-        ``probe`` names a request whose `prefill_cost` the reply carries, as asked after
-        the allocations (``cost``; None without a probe): the scheduler's next question
-        (may the head of its queue be admitted now?) answered in the same call. Raises
-        `UnknownRequestError` for an unknown probe, before anything changes.
+        ``probe`` names a request whose `prefill_cost` the last result carries, as asked
+        after the allocations (``cost``; None without a probe and in earlier steps): the
+        scheduler's next question (may the head of its queue be admitted now?) answered
+        in the same call. Raises `UnknownRequestError` for an unknown probe, before
+        anything changes.
         """
+        if not isinstance(steps, Sequence) or isinstance(steps, (str, bytes)) or not steps:
+            raise InvalidArgumentError(
+                f"steps must be a non-empty sequence of sequences of SlotRequest, got {steps!r}"
+            )
+        earlier: dict[str, int] = {}  # tokens appended by slots of earlier steps
+        checked = [self._check_step(slots, earlier) for slots in steps]
+        if probe is not None:
+            self._get(probe)
+        results: list[StepAllocations] = []
+        last = len(checked) - 1
+        for index, step in enumerate(checked):
+            allocations: list[Allocation] = []
+            for state, num_tokens, appended, needed in step:
+                allocation = self._grow(state, num_tokens, needed, appended, True)
+                if allocation is None:
+                    break
+                allocations.append(allocation)
+            stopped = len(allocations) < len(step)
+            cost = None
+            if probe is not None and (stopped or index == last):
+                cost = self.prefill_cost(probe)
+            results.append(StepAllocations(allocations, self.take_events(), self.stats(), cost))
+            if stopped:
+                break
+        return results
+
+    def _check_step(
+        self, slots: Sequence[SlotRequest], earlier: dict[str, int]
+    ) -> list[tuple[RequestState, int, array[int] | None, int]]:
+        """`allocate_steps`' checks of one step's slots, before anything changes;
+        ``earlier`` (request id -> tokens appended by earlier steps' slots) grows by
+        this step's."""
         if not isinstance(slots, Sequence) or isinstance(slots, (str, bytes)):
             raise InvalidArgumentError(f"slots must be a sequence of SlotRequest, got {slots!r}")
         checked: list[tuple[RequestState, int, array[int] | None, int]] = []
@@ -276,31 +322,26 @@ class KvManager:
                     f"request {request_id!r} appears twice in one step's allocations"
                 )
             seen.add(request_id)
+            before = earlier.get(request_id, 0) if earlier else 0
             state, appended, needed = self._check_allocation(
-                request_id, slot.num_tokens, slot.new_tokens
+                request_id, slot.num_tokens, slot.new_tokens, before
             )
+            if appended is not None:
+                earlier[request_id] = before + len(appended)
             checked.append((state, slot.num_tokens, appended, needed))
-        if probe is not None:
-            self._get(probe)
-        allocations: list[Allocation] = []
-        for state, num_tokens, appended, needed in checked:
-            allocation = self._grow(state, num_tokens, needed, appended, True)
-            if allocation is None:
-                break
-            allocations.append(allocation)
-        cost = None if probe is None else self.prefill_cost(probe)
-        return StepAllocations(allocations, self.take_events(), self.stats(), cost)
+        return checked
 
     def _check_allocation(
-        self, request_id: str, num_tokens: int, new_tokens: Sequence[int]
+        self, request_id: str, num_tokens: int, new_tokens: Sequence[int], earlier: int = 0
     ) -> tuple[RequestState, array[int] | None, int]:
         """`allocate`'s checks, before anything changes: the request's state, the
-        ``new_tokens`` to append (None: none), the blocks ``num_tokens`` needs."""
+        ``new_tokens`` to append (None: none), the blocks ``num_tokens`` needs;
+        ``earlier`` tokens will have been appended first (`allocate_steps`)."""
         state = self._get(request_id)
         if type(num_tokens) is not int or num_tokens < 0:
             check_count(num_tokens, "num_tokens")
         appended = None if new_tokens == () or new_tokens == [] else check_tokens(new_tokens)
-        total = len(state.tokens) + (len(appended) if appended is not None else 0)
+        total = len(state.tokens) + earlier + (len(appended) if appended is not None else 0)
         if num_tokens > total:
             raise TokenCountError(
                 f"request {request_id!r} has {total} tokens; cannot allocate for {num_tokens}"

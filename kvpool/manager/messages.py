@@ -61,12 +61,12 @@ class AllocateSlots(msgspec.Struct, frozen=True, gc=False, tag=True):
     new_tokens: list[int] = []
 
 
-class AllocateStep(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """``KvManager.allocate_step``: a step's allocations, in order, that also drain the
-    events, read the counters and, with ``probe``, a request's prefill cost; the reply
-    is the `StepAllocations` itself."""
+class AllocateSteps(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.allocate_steps``: one or more steps' allocations, in order, each
+    step's events drained and counters read after it and, with ``probe``, a request's
+    prefill cost after the last; the reply is a `StepsReply`."""
 
-    slots: list[SlotRequest]
+    steps: list[list[SlotRequest]]
     probe: str | None = None
 
 
@@ -109,7 +109,7 @@ class CheckManager(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 ManagerRequest: TypeAlias = (
     AllocateSlots
-    | AllocateStep
+    | AllocateSteps
     | MarkComputed
     | AppendTokens
     | AddRequest
@@ -128,6 +128,12 @@ class AllocationReply(msgspec.Struct, frozen=True, gc=False, tag=True):
     """The answer to `AllocateSlots`: None when it did not fit (and would not wait)."""
 
     allocation: Allocation | None
+
+
+class StepsReply(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """The answer to `AllocateSteps`: one `StepAllocations` per step tried, in order."""
+
+    steps: list[StepAllocations]
 
 
 class PrefillCostReply(msgspec.Struct, frozen=True, gc=False, tag=True):
@@ -156,7 +162,7 @@ ManagerReply: TypeAlias = (
     | PrefillCostReply
     | EventsReply
     | StepOutcome
-    | StepAllocations
+    | StepsReply
     | ManagerStatsReply
     | DoneReply
     | ErrorReply
@@ -183,7 +189,7 @@ def decode(data: bytes) -> ManagerMessage:
 __all__ = [
     "AddRequest",
     "AllocateSlots",
-    "AllocateStep",
+    "AllocateSteps",
     "AllocationReply",
     "AppendTokens",
     "CheckManager",
@@ -199,6 +205,7 @@ __all__ = [
     "MarkComputed",
     "PreemptRequest",
     "PrefillCostReply",
+    "StepsReply",
     "TakeEvents",
     "decode",
     "encode",

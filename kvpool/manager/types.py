@@ -96,7 +96,7 @@ class StepOutcome(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 
 class SlotRequest(msgspec.Struct, frozen=True, gc=False):
-    """One request's part of a step's allocations (`KvManager.allocate_step`): append
+    """One request's part of a step's allocations (`KvManager.allocate_steps`): append
     ``new_tokens`` (those generated since the manager last heard), then grow the table
     to hold ``num_tokens`` and mark them computed."""
 
@@ -106,7 +106,7 @@ class SlotRequest(msgspec.Struct, frozen=True, gc=False):
 
 
 class StepAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """A step's allocations (`KvManager.allocate_step`): one `Allocation` per slot that
+    """A step's allocations (`KvManager.allocate_steps`): one `Allocation` per slot that
     fit, in order (fewer than the slots: the next one did not fit, and the rest were not
     tried), the events queued so far, drained, the counters after them, and the probed
     request's `PrefillCost` after them (None: no probe)."""
