@@ -445,10 +445,14 @@ class CountingKv(LocalKvClient):
         self.costs = 0
 
     async def allocate_steps(
-        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+        self,
+        steps: Sequence[Sequence[SlotRequest]],
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
         self.slots.extend([slot.request_id for slot in slots] for slots in steps)
-        return await super().allocate_steps(steps, probe)
+        return await super().allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         self.costs += 1

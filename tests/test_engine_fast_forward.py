@@ -47,7 +47,7 @@ from kvpool.engine import (
 from kvpool.engine import runner as runner_module
 from kvpool.engine.request import EngineRequest
 from kvpool.events import EventCollector
-from kvpool.manager import KvManager, SlotRequest, StepAllocations
+from kvpool.manager import KvManager, PrefillCost, SlotRequest, StepAllocations
 from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, Segment, mix_seed
 
@@ -113,7 +113,11 @@ class OneSlotKv(LocalKvClient):
     admission-cost probe (the engine then asks `prefill_cost` itself)."""
 
     async def allocate_steps(
-        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+        self,
+        steps: Sequence[Sequence[SlotRequest]],
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
         manager = self.manager
         results = []
@@ -125,10 +129,16 @@ class OneSlotKv(LocalKvClient):
                 if not outcome.allocations:
                     break
                 allocations.extend(outcome.allocations)
+            stopped = len(allocations) < len(slots)
+            cost = None
+            if stop_if_cost_changes is not None:  # the engine asks only with a probe
+                assert probe is not None
+                cost = manager.prefill_cost(probe)
+                stopped = stopped or cost != stop_if_cost_changes
             results.append(
-                StepAllocations(allocations, events + manager.take_events(), manager.stats())
+                StepAllocations(allocations, events + manager.take_events(), manager.stats(), cost)
             )
-            if len(allocations) < len(slots):
+            if stopped:
                 break
         return results
 
@@ -141,10 +151,14 @@ class CountingSteps(LocalKvClient):
         self.calls: list[list[list[int]]] = []
 
     async def allocate_steps(
-        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+        self,
+        steps: Sequence[Sequence[SlotRequest]],
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
         self.calls.append([[slot.num_tokens for slot in slots] for slots in steps])
-        return await super().allocate_steps(steps, probe)
+        return await super().allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
 
 
 @asynccontextmanager
@@ -170,9 +184,11 @@ PREFIXES: tuple[tuple[Segment, ...], ...] = (
 
 @st.composite
 def workloads(draw: st.DrawFn, max_requests: int = 10) -> list[RequestSpec]:
-    """Requests by arrival: shared prefixes (some whole prompts repeat), outputs of 1-40
-    tokens, arrivals together and apart, all on `GRID` (exact ties with DYADIC's step
-    ends) or anywhere."""
+    """Requests by arrival: shared prefixes (some whole prompts repeat), follow-up turns
+    (an earlier request's prompt and part of its output, then their own tokens: their
+    cost falls as the earlier one's blocks fill), outputs of 1-40 tokens, arrivals
+    together and apart, all on `GRID` (exact ties with DYADIC's step ends) or
+    anywhere."""
     gaps = st.one_of(
         st.just(0.0),
         st.just(0.0),
@@ -191,6 +207,10 @@ def workloads(draw: st.DrawFn, max_requests: int = 10) -> list[RequestSpec]:
         output = Segment(
             mix_seed(90_000, i), draw(st.one_of(st.integers(1, 40), st.integers(24, 40)))
         )
+        if requests and draw(st.integers(0, 3)) == 0:
+            earlier = draw(st.sampled_from(requests))
+            said = Segment(earlier.output.seed, draw(st.integers(1, earlier.output.length)))
+            prefix = (*earlier.prompt, said)
         requests.append(RequestSpec(f"r{i}", arrival, (*prefix, own), output))
     return requests
 
@@ -493,17 +513,17 @@ async def snapshot(engine: MockEngine, sink: EventCollector) -> dict[str, Any]:
 
 
 async def step_is_pure(
-    engine: MockEngine, until: float, *, strict: bool, cross: bool = True
+    engine: MockEngine, until: float, *, strict: bool, cross: bool = True, last: bool = False
 ) -> bool:
     """Step ``engine``; True if that was a pure decode step starting before ``until``.
 
     Pure: every request scheduled was running and decodes its one token, with no
-    finish, no preemption and no admission, and - unless ``cross`` and the queue's
-    head could not be admitted whatever the cache holds (the queue is empty,
-    ``max_num_seqs`` or the token budget holds it back, or prefix caching is off) - no
-    allocation and no block filling (with prefix caching: it would turn
-    cache-visible); ``strict``: every running request scheduled (the token budget does
-    not bind).
+    finish, no preemption and no admission, and - unless ``cross`` - no allocation and
+    no block filling (with prefix caching: it would turn cache-visible); ``strict``:
+    every running request scheduled (the token budget does not bind). With ``cross``
+    and ``last`` (the last step of a jump that crossed boundaries) the step may admit
+    after its running requests: a jump watching the queue's head ends with the step
+    whose allocations changed the head's cost (and an admitted request may finish).
     """
     config = engine.config
     caching = config.enable_prefix_caching
@@ -511,27 +531,29 @@ async def step_is_pure(
     start = engine.clock
     before = [(r, r.num_tokens, r.num_computed, r.num_blocks, r.num_output) for r in engine.running]
     waiting = len(engine.waiting)
-    budget = config.max_num_batched_tokens - len(before)
-    admits = waiting and budget > 0 and len(before) < config.max_num_seqs
-    crosses = cross and not (admits and caching)
     result = await engine.step()
     ids = [request.request_id for request, *_ in before]
     scheduled = list(result.scheduled)
+    admitted = len(engine.waiting) < waiting and cross and last
+    finished = set(result.finished)
+    if admitted:
+        finished -= set(scheduled[len(ids) :])  # admitted with one token left to sample
+        scheduled = scheduled[: len(ids)]
     decoding = {
         request.request_id
         for request, tokens, computed, blocks, output in before
         if output >= 1
         and computed + 1 == tokens
-        and (crosses or request.num_blocks == blocks)
-        and not (caching and not crosses and (computed + 1) % block_size == 0)
+        and (cross or request.num_blocks == blocks)
+        and not (caching and not cross and (computed + 1) % block_size == 0)
     }
     return (
         start < until
         and not result.preempted
-        and not result.finished
-        and len(engine.waiting) == waiting
-        and (scheduled == ids if strict else scheduled == ids[: len(scheduled)])
-        and all(n == 1 for n in result.scheduled.values())
+        and not finished
+        and (admitted or len(engine.waiting) == waiting)
+        and (scheduled == ids if strict or admitted else scheduled == ids[: len(scheduled)])
+        and all(result.scheduled[request_id] == 1 for request_id in scheduled)
         and set(scheduled) <= decoding
     )
 
@@ -566,7 +588,8 @@ class Twins:
         taken = await self.jumper.fast_forward(until, cross_boundaries=cross)
         assert taken >= 0
         for index in range(taken):
-            assert await step_is_pure(self.stepper, until, strict=False, cross=cross), (
+            last = index == taken - 1
+            assert await step_is_pure(self.stepper, until, strict=False, cross=cross, last=last), (
                 f"step {index + 1} of a jump of {taken} is not a pure decode step"
             )
         await self.check()
@@ -778,12 +801,55 @@ def test_a_waiting_request_refused_for_blocks_does_not_stop_a_jump(caching: bool
         await twins.run()
 
     anyio.run(main, backend="asyncio")
-    # "a" decodes positions 18..30: (caching) a fill at 24, an allocation at 25; it
-    # finishes in step 14. "b" is admitted in step 15 and decodes one pure step.
-    assert twins.jumps == ([6, 4, 1] if caching else [7, 4, 1])
+    # "a" decodes positions 18..30: (caching) a fill at 24, an allocation at 25, which
+    # the jump crosses ("b" needs more blocks than are left, whatever the cache holds:
+    # its cost does not change); "a" finishes in step 14. "b" is admitted in step 15
+    # and decodes one pure step.
+    assert twins.jumps == [12, 1]
     records = {r.request_id: r for r in twins.jumper.stats.requests}
     assert records["a"].finish_s == 3.5
     assert records["b"].first_scheduled_s == 3.5
+
+
+def test_a_jump_watching_the_head_ends_with_the_step_whose_fill_admits_it() -> None:
+    """The head waits for blocks; a running request's block fills with tokens the head's
+    prompt starts with, so its cost falls: the jump ends with that step, which admits
+    the head after its allocations, as stepping does (and the head, with one token to
+    sample, finishes in it)."""
+    config = EngineConfig(num_gpu_blocks=3, block_size=4, timing=STEP)
+    prompt, output = Segment(mix_seed(1), 4), Segment(mix_seed(2), 8)
+    a = RequestSpec("a", 0.0, (prompt,), output)
+    # a's prompt block, then a's first four output tokens, then one of its own: a cost
+    # of 1 cached block (a's, in use) and 2 fresh, one more than the pool has left
+    head = RequestSpec(
+        "h",
+        0.25,
+        (prompt, Segment(output.seed, 4), Segment(mix_seed(3), 1)),
+        Segment(mix_seed(4), 1),
+    )
+    twins = Twins(config)
+    counting = CountingSteps(twins.jumper.kv.manager)  # type: ignore[attr-defined]
+    twins.jumper.kv = counting
+
+    async def main() -> None:
+        await twins.submit(a)
+        assert not await twins.step()  # the prefill
+        await twins.submit(head)
+        # steps 2-5 compute positions 5-8: 5 grows a's table (leaving 1 free block, so
+        # h waits), 8 fills a's block [o0..o3], h's second block: h's cost falls to 1
+        # fresh block, which fits, and step 5 admits it
+        assert await twins.fast_forward() == 4
+        assert [r.request_id for r in twins.jumper.running] == ["a"]
+        assert [r.request_id for r in twins.jumper.stats.requests] == ["h"]
+        await twins.run()
+
+    anyio.run(main, backend="asyncio")
+    records = {r.request_id: r for r in twins.jumper.stats.requests}
+    assert records["h"].first_scheduled_s == 1.0  # step 5 starts at 1.0
+    assert records["h"].cached_tokens == 8
+    # the jump's growth and fill, in one call planned on to a's next growth (position 9),
+    # which the manager did not try: it stopped after the step that changed h's cost
+    assert [[5], [8], [9]] in counting.calls
 
 
 @pytest.mark.parametrize(

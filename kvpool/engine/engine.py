@@ -80,8 +80,10 @@ from kvpool.engine.kv_client import KvClient, KvUsage
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.stepping import (
+    CrossingJump,
     apply_jump,
     apply_step,
+    growing_now,
     plan_crossing,
     plan_jump,
     plan_slots,
@@ -166,6 +168,9 @@ class MockEngine:
         # only KV work is allocations, with nothing finished, needs no `finish_step`.
         self._dirty = True
         self._step_events: list[KVEvent] = []  # drained by this step's allocations
+        # The queue head's cost as the last KV call that changed the cache answered it
+        # (a probe), or None: a jump that watches the head needs no query of its own.
+        self._head_cost: tuple[str, PrefillCost] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -249,6 +254,7 @@ class MockEngine:
                 if request.request_id == request_id:
                     del queue[index]
                     self._dirty = True
+                    self._head_cost = None
                     await self.kv.free(request_id)
                     self.stats.aborted += 1
                     if self._num_active >= 0:  # keep the admission check's count exact
@@ -329,13 +335,24 @@ class MockEngine:
             return 0  # not every running request is scheduled
         waiting = self.waiting
         admits = waiting and budget > 0 and n < config.max_num_seqs
-        if cross_boundaries and not (admits and caching):
-            # Nobody can be admitted during the jump: the queue's head is held back by
-            # the limits, or (no prefix caching) by a need for blocks that the jump's
-            # growth only makes harder to meet.
-            if admits and await self._admission(waiting[0], budget) is not None:
+        if cross_boundaries:
+            if not admits:
+                return await self._cross(until, None, None)
+            # The head's admission is asked after the step's allocations: with the
+            # blocks the next step's growth takes, and (prefix caching) at a cost the
+            # jump watches, stopping at the step that changes it.
+            head = waiting[0]
+            cost = None
+            if caching:
+                known = self._head_cost
+                if known is not None and known[0] == head.request_id:
+                    cost = known[1]
+                else:
+                    cost = await self.kv.prefill_cost(head.request_id)
+            growing = growing_now(running, bs)
+            if await self._admission(head, budget, cost, growing) is not None:
                 return 0  # the next step admits the head of the queue
-            return await self._cross(until)
+            return await self._cross(until, head, cost)
         steps, context = plan_jump(running, bs, caching)
         if not steps:
             return 0
@@ -390,44 +407,99 @@ class MockEngine:
         )
         return taken
 
-    async def _cross(self, until: float) -> int:
-        """`fast_forward` when nobody can be admitted: jump across block boundaries
-        too, the steps' allocations in one `KvClient.allocate_steps` call, each step's
-        events published as its own batch, stamped with its own end."""
+    async def _cross(
+        self, until: float, head: EngineRequest | None, cost: PrefillCost | None
+    ) -> int:
+        """`fast_forward` across block boundaries: the steps' allocations in one
+        `KvClient.allocate_steps` call. With a ``head`` waiting for blocks (its
+        admission refused at ``cost``, None without prefix caching) the call stops
+        after the first step that changes its cost (only prefix caching can), and that
+        step is finished as `step` would finish it, admissions included."""
         config = self.config
         running = self.running
-        capacity = config.num_gpu_blocks
-        timing = config.timing
+        sent = [request.num_sent for request in running]
+        plan = self._plan_crossing(until, 1 << 62)
+        if not plan.taken:
+            return 0
+        probe = None if cost is None or head is None else head.request_id
+        results = (
+            await self.kv.allocate_steps(plan.groups, probe, stop_if_cost_changes=cost)
+            if plan.groups
+            else []
+        )
+        for slots, result in zip(plan.groups, results, strict=False):
+            if len(result.allocations) != len(slots):
+                raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
+        if results:
+            answer = results[-1].cost
+            self._head_cost = None if probe is None or answer is None else (probe, answer)
+        if len(results) == len(plan.groups):
+            self._apply_crossing(plan, results)
+            return plan.taken
+        # The head's cost changed in step `last`: the steps before it are a jump, and
+        # `last` (its allocations made) may admit, as `step` would.
+        last = len(results) - 1
+        if probe is None or last < 0:
+            raise RuntimeError(f"a jump's allocations stopped short: {self!r}")
+        members, slots = plan.group_members[last], plan.groups[last]
+        for request, num_sent in zip(running, sent, strict=True):
+            request.num_sent = num_sent
+        before = self._plan_crossing(until, plan.group_steps[last])
+        if before.taken != plan.group_steps[last] or len(before.groups) != last:
+            raise RuntimeError(f"a jump planned twice planned two jumps: {self!r}")
+        if before.taken:
+            self._apply_crossing(before, results[:last])
+        for index, slot in zip(members, slots, strict=True):
+            request = running[index]
+            request.num_sent = slot.num_tokens - request.spec.input_length
+        self._preempted = []
+        self._step_events = list(results[last].events)
+        scheduled = dict.fromkeys(running, 1)
+        for index, allocation in zip(members, results[last].allocations, strict=True):
+            self._grant(running[index], allocation)
+        counters = results[last].stats
         stats = self.stats
-        active = self._num_active
-        plan = plan_crossing(
-            running,
+        stats.evictions = counters.evictions
+        stats.prefix_query_tokens = counters.prefix_query_tokens
+        stats.prefix_hit_tokens = counters.prefix_hit_tokens
+        budget = config.max_num_batched_tokens - len(running)
+        await self._admit(scheduled, budget, probe, results[last].cost)
+        await self._execute(scheduled)
+        return before.taken + 1
+
+    def _plan_crossing(self, until: float, max_steps: int) -> CrossingJump:
+        config = self.config
+        timing = config.timing
+        return plan_crossing(
+            self.running,
             config.block_size,
             config.enable_prefix_caching,
             self.clock,
             until,
-            active,
-            capacity,
+            self._num_active,
+            config.num_gpu_blocks,
             timing,
             type(timing) not in _CONTEXT_FREE_TIMING,
-            stats.busy_s,
+            self.stats.busy_s,
+            max_steps,
         )
-        taken = plan.taken
-        if not taken:
-            return 0
-        results = await self.kv.allocate_steps(plan.groups) if plan.groups else []
-        if len(results) != len(plan.groups):
-            raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
+
+    def _apply_crossing(self, plan: CrossingJump, results: list[StepAllocations]) -> None:
+        """Apply a crossing jump whose allocations returned ``results``: the requests'
+        blocks and counts, the clock, the stats, the samples and each step's batch."""
+        running = self.running
+        capacity = self.config.num_gpu_blocks
+        stats = self.stats
+        active = self._num_active
         grown = active
-        for members, slots, result in zip(plan.group_members, plan.groups, results, strict=True):
-            if len(result.allocations) != len(slots):
-                raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
+        for members, result in zip(plan.group_members, results, strict=True):
             for index, allocation in zip(members, result.allocations, strict=True):
                 running[index].num_blocks += len(allocation.block_ids)
                 grown += len(allocation.block_ids)
         if grown != plan.active:
             raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
         n = len(running)
+        taken = plan.taken
         self.clock = plan.clock
         stats.busy_s = plan.busy
         stats.steps += taken
@@ -463,7 +535,6 @@ class MockEngine:
             stats.record_sample(
                 end, blocks / capacity, counters.prefix_query_tokens, counters.prefix_hit_tokens
             )
-        return taken
 
     async def run_until_idle(self) -> None:
         """Step until every submitted request has finished."""
@@ -556,8 +627,25 @@ class MockEngine:
             budget -= num_new
             i += 1
 
-        if preempted:
-            return scheduled
+        if not preempted:
+            await self._admit(scheduled, budget, probe, probed)
+        return scheduled
+
+    async def _admit(
+        self,
+        scheduled: dict[EngineRequest, int],
+        budget: int,
+        probe: str | None,
+        probed: PrefillCost | None,
+    ) -> None:
+        """Admit waiting requests into ``scheduled``, first come first served, while the
+        budget lasts and fewer than ``max_num_seqs`` run; ``probed`` is ``probe``'s cost
+        as the last KV call's reply carried it."""
+        config = self.config
+        bs = config.block_size
+        caching = config.enable_prefix_caching
+        running = self.running
+        waiting = self.waiting
         while waiting and budget > 0 and len(running) < config.max_num_seqs:
             request = waiting[0]
             cost = probed if probe == request.request_id else None
@@ -589,7 +677,6 @@ class MockEngine:
             running.append(request)
             scheduled[request] = num_new
             budget -= num_new
-        return scheduled
 
     async def _allocate(
         self, slots: list[SlotRequest], probe: str | None = None
@@ -598,6 +685,8 @@ class MockEngine:
         counters the call drained for this step's end; return the outcome (what fit, and
         ``probe``'s admission cost)."""
         outcome = (await self.kv.allocate_steps([slots], probe))[0]
+        cost = outcome.cost
+        self._head_cost = None if probe is None or cost is None else (probe, cost)
         if outcome.events:
             self._step_events.extend(outcome.events)
         stats = self.stats
@@ -614,7 +703,11 @@ class MockEngine:
         request.num_blocks += len(allocation.block_ids)
 
     async def _admission(
-        self, request: EngineRequest, budget: int, cost: PrefillCost | None = None
+        self,
+        request: EngineRequest,
+        budget: int,
+        cost: PrefillCost | None = None,
+        growing: int = 0,
     ) -> tuple[int, int, int, int] | None:
         """What admitting the waiting ``request`` within ``budget`` tokens would take now:
         (cached tokens, new tokens, fresh blocks, inactive cached blocks it pins); None if
@@ -623,8 +716,9 @@ class MockEngine:
         A query (`KvClient.prefill_cost`, unless the last KV call's reply carried the
         ``cost``), nothing changes. The check is Dynamo's: the
         fresh blocks plus the inactive cached prefix the allocation would pin must fit in
-        what is free or evictable. It is exact (the allocation fails exactly when it
-        refuses), and it spares a failing allocation its second prefix walk.
+        what is free or evictable, less ``growing`` blocks the step's running requests
+        are about to take. It is exact (the allocation fails exactly when it refuses),
+        and it spares a failing allocation its second prefix walk.
         """
         config = self.config
         bs = config.block_size
@@ -641,7 +735,7 @@ class MockEngine:
                 return None
             num_new = budget
         fresh = -(-(cached + num_new) // bs) - cached_blocks
-        if fresh + inactive_cached > config.num_gpu_blocks - self._num_active:
+        if fresh + inactive_cached > config.num_gpu_blocks - self._num_active - growing:
             return None
         return cached, num_new, fresh, inactive_cached
 
@@ -651,6 +745,7 @@ class MockEngine:
 
     async def _preempt(self, request: EngineRequest) -> None:
         self._dirty = True
+        self._head_cost = None
         if request.has_pending:
             await self._flush(request)
         await self.kv.preempt(request.request_id)
@@ -681,6 +776,7 @@ class MockEngine:
 
         events = self._step_events
         if updates or self._dirty:
+            self._head_cost = None
             outcome = await kv.finish_step(updates)
             self._dirty = False
             events = events + outcome.events if events else outcome.events

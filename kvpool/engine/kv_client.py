@@ -93,13 +93,19 @@ class KvClient(Protocol):
         ...
 
     async def allocate_steps(
-        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+        self,
+        steps: Sequence[Sequence[SlotRequest]],
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
         """One or more steps' allocations, each ``allocate(..., cache=True,
-        new_tokens=...)``, in order until one does not fit, each step's events drained
-        and counters read after it, and ``probe``'s `prefill_cost` after the last: a step
-        whose only KV work is allocations needs no `finish_step`, and a run of such steps
-        costs one call (`KvManager.allocate_steps`).
+        new_tokens=...)``, in order until one does not fit (or, with
+        ``stop_if_cost_changes``, after the first step that changes ``probe``'s cost
+        from it), each step's events drained and counters read after it, and
+        ``probe``'s `prefill_cost` after the last: a step whose only KV work is
+        allocations needs no `finish_step`, and a run of such steps costs one call
+        (`KvManager.allocate_steps`).
 
         Raises what `allocate` raises, before anything changes.
         """
@@ -209,9 +215,13 @@ class LocalKvClient:
         return self._manager.allocate(request_id, num_tokens, cache=cache, new_tokens=new_tokens)
 
     async def allocate_steps(
-        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+        self,
+        steps: Sequence[Sequence[SlotRequest]],
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
-        return self._manager.allocate_steps(steps, probe)
+        return self._manager.allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         self._manager.mark_computed(request_id, num_computed_tokens)
@@ -283,9 +293,15 @@ class TimedKvClient:
         )
 
     async def allocate_steps(
-        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+        self,
+        steps: Sequence[Sequence[SlotRequest]],
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
-        return await self._timed(self._inner.allocate_steps(steps, probe))
+        return await self._timed(
+            self._inner.allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
+        )
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         await self._timed(self._inner.mark_computed(request_id, num_computed_tokens))

@@ -206,6 +206,15 @@ def apply_jump(
         request.last_token_s = end
 
 
+def growing_now(running: list[EngineRequest], block_size: int) -> int:
+    """How many running requests' tables grow a block if each computes its next token."""
+    count = 0
+    for request in running:
+        if request.num_tokens > request.num_blocks * block_size:
+            count += 1
+    return count
+
+
 class CrossingJump:
     """A run of decode steps that crosses block boundaries (`plan_crossing`): how many
     steps, the clock, busy time and inter-token gaps they add, and the allocations of
@@ -257,6 +266,7 @@ def plan_crossing(
     timing: StepTiming,
     varies: bool,
     busy: float,
+    max_steps: int,
 ) -> CrossingJump:
     """Plan the decode steps that start before ``until`` while every running request
     decodes, none samples its last token, and every table that grows gets its block
@@ -266,9 +276,10 @@ def plan_crossing(
     each with the tokens generated since the manager last heard (``num_sent`` moves as
     `EngineRequest.take_pending` moves it). Each step's duration is the timing model's
     for that step (``varies``: it reads the context; the active blocks change only at a
-    growth). ``busy`` is the busy time so far: each step's duration is added to it and
-    to the clock one at a time, so both are bit for bit those of single steps. Nothing
-    else changes; taken 0 if the next step is not such a step.
+    growth); at most ``max_steps`` steps. ``busy`` is the busy time so far: each step's
+    duration is added to it and to the clock one at a time, so both are bit for bit
+    those of single steps. Nothing else changes; taken 0 if the next step is not such a
+    step.
     """
     plan = CrossingJump(clock, active)
     n = len(running)
@@ -308,6 +319,8 @@ def plan_crossing(
     duration = timing.duration(work)
     gaps = plan.gaps
     step = 0
+    if max_steps < steps_max:
+        steps_max = max_steps
     while step < steps_max and clock < until:
         members: list[int] = []
         grows = 0

@@ -132,14 +132,19 @@ class ManagerClient:
         return reply.allocation
 
     async def allocate_steps(
-        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+        self,
+        steps: Sequence[Sequence[SlotRequest]],
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
         """One or more steps' allocations, in order, stopping at the first that does not
-        fit, each step's events and counters read after it, and the probed request's
-        prefill cost after the last, in one turn (`KvManager.allocate_steps`). Raises
-        what it raises, before anything changes."""
+        fit (or after the first that changes the probe's cost from
+        ``stop_if_cost_changes``), each step's events and counters read after it, and
+        the probed request's prefill cost after the last, in one turn
+        (`KvManager.allocate_steps`). Raises what it raises, before anything changes."""
         reply: StepsReply = await self._call(
-            AllocateSteps(steps, probe)  # type: ignore[arg-type]
+            AllocateSteps(steps, probe, stop_if_cost_changes)  # type: ignore[arg-type]
         )
         return reply.steps
 

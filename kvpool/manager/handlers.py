@@ -98,7 +98,11 @@ class ManagerHandlers:
             self.manager.undo_allocation(message.request_id, reply.allocation)
 
     def allocate_steps(self, message: AllocateSteps) -> StepsReply:
-        return StepsReply(self.manager.allocate_steps(message.steps, message.probe))
+        return StepsReply(
+            self.manager.allocate_steps(
+                message.steps, message.probe, stop_if_cost_changes=message.stop_if_cost_changes
+            )
+        )
 
     def undo_allocate_steps(self, message: AllocateSteps, reply: StepsReply) -> None:
         manager = self.manager

@@ -248,7 +248,11 @@ class KvManager:
         return self.allocate_steps([slots], probe)[0]
 
     def allocate_steps(
-        self, steps: Sequence[Sequence[SlotRequest]], probe: str | None = None
+        self,
+        steps: Sequence[Sequence[SlotRequest]],
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
         """A scheduler's allocations for one or more consecutive steps, in order: each
         slot is ``allocate(slot.request_id, slot.num_tokens, cache=True,
@@ -274,8 +278,14 @@ class KvManager:
         ``probe`` names a request whose `prefill_cost` the last result carries, as asked
         after the allocations (``cost``; None without a probe and in earlier steps): the
         scheduler's next question (may the head of its queue be admitted now?) answered
-        in the same call. Raises `UnknownRequestError` for an unknown probe, before
-        anything changes.
+        in the same call. With ``stop_if_cost_changes`` (the probe's cost as the caller
+        last saw it), the probe's cost is asked after every step, and the call also
+        stops after the first step that changed it, that step's result carrying the new
+        cost: a scheduler whose queue's head waits for blocks takes a run of decode steps
+        in one call, up to the step whose allocations may let the head in. Raises
+        `UnknownRequestError` for an unknown probe, and `InvalidArgumentError` for
+        ``stop_if_cost_changes`` without a probe or not a `PrefillCost`, before anything
+        changes.
         """
         if not isinstance(steps, Sequence) or isinstance(steps, (str, bytes)) or not steps:
             raise InvalidArgumentError(
@@ -285,6 +295,11 @@ class KvManager:
         checked = [self._check_step(slots, earlier) for slots in steps]
         if probe is not None:
             self._get(probe)
+        watched = stop_if_cost_changes
+        if watched is not None and (probe is None or type(watched) is not PrefillCost):
+            raise InvalidArgumentError(
+                f"stop_if_cost_changes needs a probe and a PrefillCost, got {watched!r}"
+            )
         results: list[StepAllocations] = []
         last = len(checked) - 1
         for index, step in enumerate(checked):
@@ -296,8 +311,12 @@ class KvManager:
                 allocations.append(allocation)
             stopped = len(allocations) < len(step)
             cost = None
-            if probe is not None and (stopped or index == last):
-                cost = self.prefill_cost(probe)
+            if probe is not None and (stopped or index == last or watched is not None):
+                asked = self.prefill_cost(probe)
+                if watched is not None and asked != watched:
+                    stopped = True
+                if stopped or index == last:
+                    cost = asked  # only the last result carries the cost
             results.append(StepAllocations(allocations, self.take_events(), self.stats(), cost))
             if stopped:
                 break

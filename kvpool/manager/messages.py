@@ -64,10 +64,12 @@ class AllocateSlots(msgspec.Struct, frozen=True, gc=False, tag=True):
 class AllocateSteps(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.allocate_steps``: one or more steps' allocations, in order, each
     step's events drained and counters read after it and, with ``probe``, a request's
-    prefill cost after the last; the reply is a `StepsReply`."""
+    prefill cost after the last (or after the first step that changed it from
+    ``stop_if_cost_changes``); the reply is a `StepsReply`."""
 
     steps: list[list[SlotRequest]]
     probe: str | None = None
+    stop_if_cost_changes: PrefillCost | None = None
 
 
 class MarkComputed(msgspec.Struct, frozen=True, gc=False, tag=True):
