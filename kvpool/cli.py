@@ -343,8 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="jump over the steps in which running requests only decode (no arrival, "
-        "block boundary, finish or preemption) in closed form; the results are identical "
-        "to stepping one step at a time (--no-fast-forward) (default: on)",
+        "finish, preemption or admission) in closed form, the blocks they add or fill in "
+        "one KV call; the results are identical to stepping one step at a time "
+        "(--no-fast-forward) (default: on)",
     )
     add_event_flags(cluster)
     cluster.add_argument(

@@ -83,7 +83,6 @@ from kvpool.engine.stepping import (
     CrossingJump,
     apply_jump,
     apply_step,
-    growing_now,
     plan_crossing,
     plan_jump,
     plan_slots,
@@ -96,6 +95,8 @@ from kvpool.events import EventSink, KVEvent, KVEventBatch
 from kvpool.manager import Allocation, PrefillCost, SlotRequest, StepAllocations
 from kvpool.workloads import RequestSpec
 
+_UNBOUNDED = 1 << 62
+"""A step count no jump reaches."""
 _CONTEXT_FREE_TIMING = (TimingModel, DynamoTiming)
 """Timing models whose step time, in a run of pure decode steps, is the same every step
 (they read no ``context_tokens``): `MockEngine.fast_forward` asks them once."""
@@ -336,8 +337,11 @@ class MockEngine:
         waiting = self.waiting
         admits = waiting and budget > 0 and n < config.max_num_seqs
         if cross_boundaries:
+            plan = self._plan_crossing(until, _UNBOUNDED)
+            if not plan.taken:
+                return 0
             if not admits:
-                return await self._cross(until, None, None)
+                return await self._cross(plan, until, None, None)
             # The head's admission is asked after the step's allocations: with the
             # blocks the next step's growth takes, and (prefix caching) at a cost the
             # jump watches, stopping at the step that changes it.
@@ -349,10 +353,12 @@ class MockEngine:
                     cost = known[1]
                 else:
                     cost = await self.kv.prefill_cost(head.request_id)
-            growing = growing_now(running, bs)
+            growing = 0
+            if plan.groups and not plan.group_steps[0]:
+                growing = plan.group_active[0] - self._num_active
             if await self._admission(head, budget, cost, growing) is not None:
                 return 0  # the next step admits the head of the queue
-            return await self._cross(until, head, cost)
+            return await self._cross(plan, until, head, cost)
         steps, context = plan_jump(running, bs, caching)
         if not steps:
             return 0
@@ -408,19 +414,19 @@ class MockEngine:
         return taken
 
     async def _cross(
-        self, until: float, head: EngineRequest | None, cost: PrefillCost | None
+        self,
+        plan: CrossingJump,
+        until: float,
+        head: EngineRequest | None,
+        cost: PrefillCost | None,
     ) -> int:
-        """`fast_forward` across block boundaries: the steps' allocations in one
+        """`fast_forward` across block boundaries: the ``plan``'s allocations in one
         `KvClient.allocate_steps` call. With a ``head`` waiting for blocks (its
         admission refused at ``cost``, None without prefix caching) the call stops
         after the first step that changes its cost (only prefix caching can), and that
         step is finished as `step` would finish it, admissions included."""
         config = self.config
         running = self.running
-        sent = [request.num_sent for request in running]
-        plan = self._plan_crossing(until, 1 << 62)
-        if not plan.taken:
-            return 0
         probe = None if cost is None or head is None else head.request_id
         results = (
             await self.kv.allocate_steps(plan.groups, probe, stop_if_cost_changes=cost)
@@ -442,8 +448,6 @@ class MockEngine:
         if probe is None or last < 0:
             raise RuntimeError(f"a jump's allocations stopped short: {self!r}")
         members, slots = plan.group_members[last], plan.groups[last]
-        for request, num_sent in zip(running, sent, strict=True):
-            request.num_sent = num_sent
         before = self._plan_crossing(until, plan.group_steps[last])
         if before.taken != plan.group_steps[last] or len(before.groups) != last:
             raise RuntimeError(f"a jump planned twice planned two jumps: {self!r}")
@@ -498,6 +502,8 @@ class MockEngine:
                 grown += len(allocation.block_ids)
         if grown != plan.active:
             raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
+        for request, num_sent in zip(running, plan.sent, strict=True):
+            request.num_sent = num_sent
         n = len(running)
         taken = plan.taken
         self.clock = plan.clock

@@ -9,8 +9,10 @@ with 0 (the default) it never sleeps.
 
 Fast-forward (``fast_forward``, the default): before stepping an engine the loop asks it
 to jump over the steps that only decode (`MockEngine.fast_forward`) and that start before
-the next arrival; such steps touch nothing another engine or the dispatcher sees, so the
-run is identical to stepping one step at a time, only faster.
+the next arrival; such steps touch nothing another engine or the dispatcher sees (the
+last may admit, and finish, a request, which the loop counts as after a step), so the
+run is identical to stepping one step at a time, only faster. A paced run does not let
+a jump cross block boundaries, so that no event batch is published before its time.
 
 Dispatch: ``least-loaded`` (default) gives a request to the engine with the fewest
 outstanding (waiting + running) requests, lowest rank on ties; ``round-robin`` cycles

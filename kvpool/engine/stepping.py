@@ -206,15 +206,6 @@ def apply_jump(
         request.last_token_s = end
 
 
-def growing_now(running: list[EngineRequest], block_size: int) -> int:
-    """How many running requests' tables grow a block if each computes its next token."""
-    count = 0
-    for request in running:
-        if request.num_tokens > request.num_blocks * block_size:
-            count += 1
-    return count
-
-
 class CrossingJump:
     """A run of decode steps that crosses block boundaries (`plan_crossing`): how many
     steps, the clock, busy time and inter-token gaps they add, and the allocations of
@@ -231,6 +222,7 @@ class CrossingJump:
         "group_members",
         "group_steps",
         "groups",
+        "sent",
         "taken",
     )
 
@@ -253,6 +245,8 @@ class CrossingJump:
         """The clock at the end of each group's step."""
         self.group_active: list[int] = []
         """The active blocks after each group's step."""
+        self.sent: list[int] = []
+        """Each running request's ``num_sent`` once the groups are allocated."""
 
 
 def plan_crossing(
@@ -274,7 +268,8 @@ def plan_crossing(
     free and evictable blocks). Unlike `plan_jump` it crosses block boundaries: the
     requests that reach one in a step are that step's allocations, in running order,
     each with the tokens generated since the manager last heard (``num_sent`` moves as
-    `EngineRequest.take_pending` moves it). Each step's duration is the timing model's
+    `EngineRequest.take_pending` would move it; the plan's ``sent``, which the caller
+    applies once the allocations are made). Each step's duration is the timing model's
     for that step (``varies``: it reads the context; the active blocks change only at a
     growth); at most ``max_steps`` steps. ``busy`` is the busy time so far: each step's
     duration is added to it and to the clock one at a time, so both are bit for bit
@@ -308,6 +303,7 @@ def plan_crossing(
         next_fill.append(fill)
         heap.append((min(grow, fill), index))
     heapq.heapify(heap)
+    sent = [request.num_sent for request in running]
     work = StepWork(
         decode_seqs=n,
         emitting=n,
@@ -337,9 +333,9 @@ def plan_crossing(
                 request = running[index]
                 target = request.num_tokens + step
                 told = target - request.spec.input_length
-                sent = request.num_sent
-                new_tokens = request.spec.output.tokens(sent, told) if sent < told else []
-                request.num_sent = told
+                since = sent[index]
+                new_tokens = request.spec.output.tokens(since, told) if since < told else []
+                sent[index] = told
                 slots.append(SlotRequest(request.request_id, target, new_tokens))
                 if next_grow[index] == step:
                     next_grow[index] = step + block_size
@@ -373,6 +369,7 @@ def plan_crossing(
             plan.group_active.append(active)
         step += 1
     plan.taken = step
+    plan.sent = sent
     plan.clock = clock
     plan.busy = busy
     plan.active = active
