@@ -468,6 +468,14 @@ def _misuse_manager() -> KvManager:
             lambda m: m.allocate_steps([[Slot("b", 6, [1])], [Slot("b", 7, [2**32])]]),
             InvalidArgumentError,
         ),
+        (
+            lambda m: m.allocate_steps([[Slot("b", 4)]], stop_if_cost_changes=m.prefill_cost("b")),
+            InvalidArgumentError,  # a watched cost needs a probe
+        ),
+        (
+            lambda m: m.allocate_steps([[Slot("b", 4)]], "a", stop_if_cost_changes=(0, 0, 1)),
+            InvalidArgumentError,
+        ),
     ],
 )
 def test_misuse_raises_a_typed_error_and_changes_nothing(call: Any, error: type[PoolError]) -> None:
@@ -851,13 +859,17 @@ def test_several_steps_allocations_are_one_step_allocation_per_step(data: st.Dat
             slots.append(Slot(name, target, new))
         steps.append(slots)
     probe = data.draw(st.sampled_from([None, *names]), label="probe")
+    watch = probe is not None and data.draw(st.booleans(), label="watch")
+    watched = two.prefill_cost(probe) if watch and probe is not None else None
     expected = []
     for slots in steps:
         outcome = two.allocate_step(slots)
         expected.append(outcome)
         if len(outcome.allocations) < len(slots):
             break
-    got = one.allocate_steps(steps, probe)
+        if watched is not None and probe is not None and two.prefill_cost(probe) != watched:
+            break  # this step changed the watched cost: the call stops after it
+    got = one.allocate_steps(steps, probe, stop_if_cost_changes=watched)
     assert len(got) == len(expected)
     for mine, theirs in zip(got, expected, strict=True):
         assert [(len(a.block_ids), a.cached_blocks, a.removed) for a in mine.allocations] == [
@@ -867,3 +879,30 @@ def test_several_steps_allocations_are_one_step_allocation_per_step(data: st.Dat
     assert [step.cost for step in got[:-1]] == [None] * (len(got) - 1)
     assert got[-1].cost == (None if probe is None else two.prefill_cost(probe))
     assert same_state(one, two)
+
+
+def test_a_watched_cost_stops_the_steps_after_the_one_that_changes_it() -> None:
+    """The probe's cost is asked after every step: the call returns after the step whose
+    allocation evicts part of the prefix the probed request would reuse, and the later
+    step is not tried."""
+    manager = make(capacity=3)
+    run(manager, "a", list(range(8)))
+    manager.free("a")  # two cached blocks, idle
+    manager.add_request("b", list(range(50, 54)))
+    manager.add_request("c", list(range(9)))  # would reuse a's two blocks
+    manager.add_request("d", list(range(60, 64)))
+    before = manager.prefill_cost("c")
+    assert before == PrefillCost(2, 0, 1)
+    steps = [[Slot("b", 4)], [Slot("b", 8, [1, 2, 3, 4])], [Slot("d", 4)]]
+    got = manager.allocate_steps(steps, "c", stop_if_cost_changes=before)
+    # step 1 takes the free block; step 2 grows b by one more, evicting a's leaf block
+    assert len(got) == 2
+    assert (got[0].cost, got[1].cost) == (None, PrefillCost(1, 0, 2))
+    assert got[1].allocations[0].removed != []
+    assert manager.num_blocks("d") == 0  # the third step was not tried
+    unwatched = make(capacity=3)
+    run(unwatched, "a", list(range(8)))
+    unwatched.free("a")
+    for name, prompt in (("b", range(50, 54)), ("c", range(9)), ("d", range(60, 64))):
+        unwatched.add_request(name, list(prompt))
+    assert len(unwatched.allocate_steps(steps, "c")) == 3  # without the watch: all steps

@@ -2,26 +2,42 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import msgspec
 import pytest
 
 from kvpool.events import BlockRemoved, BlockStored
-from kvpool.manager import Allocation, ManagerStats, PrefillCost
+from kvpool.manager import (
+    Allocation,
+    ManagerStats,
+    PoolUsage,
+    PrefillCost,
+    SlotRequest,
+    StepAllocations,
+    StepOutcome,
+    StepUpdate,
+)
 from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,
+    AllocateSteps,
     AllocationReply,
     AppendTokens,
     CheckManager,
     EventsReply,
+    FinishStep,
     FreeRequest,
     GetManagerStats,
     GetPrefillCost,
     ManagerMessage,
+    ManagerReply,
+    ManagerRequest,
     ManagerStatsReply,
     MarkComputed,
     PreemptRequest,
     PrefillCostReply,
+    StepsReply,
     TakeEvents,
     decode,
     encode,
@@ -36,6 +52,9 @@ MESSAGES: list[ManagerMessage] = [
     AllocateSlots("r1", 17),
     AllocateSlots("r1", 17, wait=True),
     AllocateSlots("r1", 17, cache=True),
+    AllocateSteps([[SlotRequest("r1", 17, [5, 6])], [], [SlotRequest("r1", 18)]]),
+    AllocateSteps([[SlotRequest("r1", 17)]], "r2", PrefillCost(2, 1, 3)),
+    FinishStep([StepUpdate("r1", [7], 18, False), StepUpdate("r2", [], -1, True)]),
     MarkComputed("r1", 16),
     FreeRequest("r1"),
     PreemptRequest("r1"),
@@ -53,6 +72,18 @@ MESSAGES: list[ManagerMessage] = [
         ]
     ),
     ManagerStatsReply(ManagerStats(2, 100, 48, 3, 1), 10, 4, 64),
+    StepsReply(
+        [
+            StepAllocations([Allocation([BlockId(5)], 0, [])], [], ManagerStats(2, 9, 4, 0, 0)),
+            StepAllocations(
+                [],
+                [BlockRemoved(block_hashes=[3])],
+                ManagerStats(2, 9, 4, 1, 0),
+                PrefillCost(1, 0, 2),
+            ),
+        ]
+    ),
+    StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0)),
     DoneReply(),
     ErrorReply("UnknownRequestError", "request 'x' is not registered"),
 ]
@@ -65,12 +96,7 @@ def test_every_message_round_trips(message: ManagerMessage) -> None:
 
 def test_every_request_and_reply_kind_is_covered() -> None:
     kinds = {type(m) for m in MESSAGES}
-    union = {
-        AddRequest, AppendTokens, GetPrefillCost, AllocateSlots, MarkComputed, FreeRequest,
-        PreemptRequest, TakeEvents, GetManagerStats, CheckManager, AllocationReply,
-        PrefillCostReply, EventsReply, ManagerStatsReply, DoneReply, ErrorReply,
-    }  # fmt: skip
-    assert kinds == union
+    assert kinds == set(get_args(ManagerRequest)) | set(get_args(ManagerReply))
 
 
 def test_a_malformed_message_is_a_validation_error() -> None:
