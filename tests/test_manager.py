@@ -755,15 +755,16 @@ def test_a_step_allocation_stops_at_the_first_slot_that_does_not_fit() -> None:
     assert same_state(one, two)
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.data())
-def test_a_step_allocation_is_sequential_allocations(data: st.DataObject) -> None:
-    """Random tables, then random slots: allocate_step agrees with allocate called slot
-    by slot until one returns None (same allocations, events, counters and state)."""
+def twin_tables(
+    data: st.DataObject, most: int, *, frees: bool
+) -> tuple[int, KvManager, KvManager, list[str]]:
+    """Two identical managers of a drawn capacity holding up to ``most`` random requests
+    with random tables (some freed again if ``frees``); returns the capacity, both
+    managers and the names of the requests still registered."""
     capacity = data.draw(st.integers(2, 12), label="capacity")
     one, two = make(capacity=capacity), make(capacity=capacity)
     names: list[str] = []
-    for i in range(data.draw(st.integers(1, 6), label="requests")):
+    for i in range(data.draw(st.integers(1, most), label="requests")):
         name = f"r{i}"
         prompt = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=12), label=name)
         done = data.draw(st.integers(0, min(len(prompt), capacity * BS)), label=f"{name} has")
@@ -773,10 +774,19 @@ def test_a_step_allocation_is_sequential_allocations(data: st.DataObject) -> Non
             if done:
                 fits = manager.allocate(name, done, cache=True) is not None
         names.append(name)
-        if not fits or data.draw(st.booleans(), label=f"{name} freed"):
+        if not fits or (frees and data.draw(st.booleans(), label=f"{name} freed")):
             for manager in (one, two):
                 manager.free(name)
             names.remove(name)
+    return capacity, one, two, names
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_a_step_allocation_is_sequential_allocations(data: st.DataObject) -> None:
+    """Random tables, then random slots: allocate_step agrees with allocate called slot
+    by slot until one returns None (same allocations, events, counters and state)."""
+    capacity, one, two, names = twin_tables(data, 6, frees=True)
     order = data.draw(st.permutations(names), label="order")
     slots = []
     for name in order[: data.draw(st.integers(0, len(order)), label="slots")]:
@@ -823,23 +833,7 @@ def test_several_steps_allocations_are_one_step_allocation_per_step(data: st.Dat
     tokens growing): allocate_steps agrees with allocate_step called step by step until
     one stops short, each step's events and counters its own, and the probe's cost
     after the last step tried."""
-    capacity = data.draw(st.integers(2, 12), label="capacity")
-    one, two = make(capacity=capacity), make(capacity=capacity)
-    names: list[str] = []
-    for i in range(data.draw(st.integers(1, 5), label="requests")):
-        name = f"r{i}"
-        prompt = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=12), label=name)
-        done = data.draw(st.integers(0, min(len(prompt), capacity * BS)), label=f"{name} has")
-        fits = True
-        for manager in (one, two):
-            manager.add_request(name, prompt)
-            if done:
-                fits = manager.allocate(name, done, cache=True) is not None
-        names.append(name)
-        if not fits:
-            for manager in (one, two):
-                manager.free(name)
-            names.remove(name)
+    capacity, one, two, names = twin_tables(data, 5, frees=False)
     tokens = {name: two.num_tokens(name) for name in names}
     computed = {name: two.num_computed_tokens(name) for name in names}
     steps = []

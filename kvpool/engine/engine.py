@@ -83,13 +83,14 @@ from kvpool.engine.stepping import (
     CrossingJump,
     apply_jump,
     apply_step,
+    decode_work,
     plan_crossing,
     plan_jump,
     plan_slots,
     schedule_fitting,
     step_work,
 )
-from kvpool.engine.timing import DynamoTiming, StepWork
+from kvpool.engine.timing import DynamoTiming
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
 from kvpool.manager import Allocation, PrefillCost, SlotRequest, StepAllocations
@@ -366,30 +367,16 @@ class MockEngine:
             return 0  # the next step admits the head of the queue
 
         timing = config.timing
-        work = StepWork(
-            decode_seqs=n,
-            emitting=n,
-            context_tokens=context,
-            active_blocks=self._num_active,
-            capacity=config.num_gpu_blocks,
-            block_size=bs,
-        )
+        capacity = config.num_gpu_blocks
         varies = type(timing) not in _CONTEXT_FREE_TIMING
-        duration = timing.duration(work)
+        duration = timing.duration(decode_work(n, context, self._num_active, capacity, bs))
         stats = self.stats
         busy = stats.busy_s
         taken = 0
         first_end = clock
         while taken < steps and clock < until:
             if varies and taken:
-                work = StepWork(
-                    decode_seqs=n,
-                    emitting=n,
-                    context_tokens=context + taken * n,
-                    active_blocks=self._num_active,
-                    capacity=config.num_gpu_blocks,
-                    block_size=bs,
-                )
+                work = decode_work(n, context + taken * n, self._num_active, capacity, bs)
                 duration = timing.duration(work)
             start = clock
             clock += duration

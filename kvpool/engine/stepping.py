@@ -110,6 +110,21 @@ def step_work(
     )
 
 
+def decode_work(
+    requests: int, context_tokens: int, active_blocks: int, capacity: int, block_size: int
+) -> StepWork:
+    """What a step in which each of ``requests`` running requests decodes one token
+    computes, as the timing models read it."""
+    return StepWork(
+        decode_seqs=requests,
+        emitting=requests,
+        context_tokens=context_tokens,
+        active_blocks=active_blocks,
+        capacity=capacity,
+        block_size=block_size,
+    )
+
+
 def apply_step(
     scheduled: dict[EngineRequest, int], now: float, stats: EngineStats, rank: int
 ) -> tuple[list[StepUpdate], list[str]]:
@@ -304,15 +319,7 @@ def plan_crossing(
         heap.append((min(grow, fill), index))
     heapq.heapify(heap)
     sent = [request.num_sent for request in running]
-    work = StepWork(
-        decode_seqs=n,
-        emitting=n,
-        context_tokens=context,
-        active_blocks=active,
-        capacity=capacity,
-        block_size=block_size,
-    )
-    duration = timing.duration(work)
+    duration = timing.duration(decode_work(n, context, active, capacity, block_size))
     gaps = plan.gaps
     step = 0
     if max_steps < steps_max:
@@ -344,14 +351,7 @@ def plan_crossing(
                 heapq.heappush(heap, (min(next_grow[index], next_fill[index]), index))
             active += grows
         if (varies and step) or grows:
-            work = StepWork(
-                decode_seqs=n,
-                emitting=n,
-                context_tokens=context + step * n,
-                active_blocks=active,
-                capacity=capacity,
-                block_size=block_size,
-            )
+            work = decode_work(n, context + step * n, active, capacity, block_size)
             duration = timing.duration(work)
         start = clock
         clock += duration
