@@ -15,6 +15,7 @@ from kvpool.engine import (
     StepResult,
     TimedKvClient,
 )
+from kvpool.engine.request import EngineRequest
 from kvpool.errors import InvariantViolationError, UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import KvManager, PrefillCost, SlotRequest, StepAllocations, StepUpdate
@@ -321,27 +322,31 @@ async def test_a_mismatched_kv_client_is_refused() -> None:
         MockEngine(kv, EngineConfig(num_gpu_blocks=11, block_size=16))
 
 
-class CheckedKv(LocalKvClient):
-    """Checks, at every admission check, the engine's count of active blocks."""
+class CheckedEngine(MockEngine):
+    """Checks, at every admission check, its count of active blocks against the pool."""
 
-    engine: MockEngine | None = None
     checks = 0
 
-    async def prefill_cost(self, request_id: str) -> PrefillCost:
-        assert self.engine is not None
-        assert self.engine.num_active_blocks == self.manager.pool.num_active()
+    async def _admission(
+        self,
+        request: EngineRequest,
+        budget: int,
+        cost: PrefillCost | None = None,
+        growing: int = 0,
+    ) -> tuple[int, int, int, int] | None:
+        assert isinstance(self.kv, LocalKvClient)
+        assert self.num_active_blocks == self.kv.manager.pool.num_active()
         self.checks += 1
-        return await super().prefill_cost(request_id)
+        return await super()._admission(request, budget, cost, growing)
 
 
 async def test_the_engine_tracks_active_blocks_exactly_within_a_step() -> None:
     config = EngineConfig(num_gpu_blocks=200, max_num_batched_tokens=1024)
-    kv = CheckedKv(KvManager(BlockPool(200), 16))
-    engine = kv.engine = MockEngine(kv, config)
+    engine = CheckedEngine(LocalKvClient(KvManager(BlockPool(200), 16)), config)
     for request in SyntheticWorkload(seed=6, num_sessions=20).requests():
         await engine.submit(request)
     await run_steps(engine)
-    assert kv.checks > engine.stats.completed  # blocked heads were re-checked too
+    assert engine.checks > engine.stats.completed  # blocked heads were re-checked too
     assert engine.stats.preemptions > 0
 
 
@@ -461,21 +466,22 @@ class CountingKv(LocalKvClient):
 
 async def test_a_steps_allocations_and_admission_costs_share_calls() -> None:
     """The running requests that need blocks are allocated in one call, and the queue's
-    head is asked its cost with the allocation before it: one prefill_cost per step at
-    most, asked only when no allocation came before."""
+    head's cost rides on a call that came before: its registration (a new head), the
+    allocation before it, or the last step's updates; no prefill_cost of its own."""
     config = EngineConfig(num_gpu_blocks=64, block_size=4, max_num_seqs=8)
     kv = CountingKv(KvManager(BlockPool(64), 4))
     engine = MockEngine(kv, config)
     for name in "abcd":
         await engine.submit(spec(name, 4, 6))  # one full block each
     await engine.step()
-    # the first head's cost was asked; each admission's allocation asked the next one's
-    assert (kv.slots, kv.costs) == ([["a"], ["b"], ["c"], ["d"]], 1)
+    # the first head's cost came with its registration; each admission's allocation
+    # asked the next one's
+    assert (kv.slots, kv.costs) == ([["a"], ["b"], ["c"], ["d"]], 0)
     kv.slots.clear()
     await engine.submit(spec("e", 4, 6))
     await engine.step()  # every running request's fifth token needs a second block
     assert kv.slots == [["a", "b", "c", "d"], ["e"]]
-    assert kv.costs == 1  # e's cost rode on the running requests' allocation
+    assert kv.costs == 0  # e's cost rode on the running requests' allocation
     await run_steps(engine)
     assert engine.stats.completed == 5
     assert_clean(kv)

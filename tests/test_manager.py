@@ -19,7 +19,7 @@ from kvpool.errors import (
 )
 from kvpool.events import BlockRemoved, BlockStored
 from kvpool.hashing import block_hashes
-from kvpool.manager import Allocation, KvManager, PrefillCost
+from kvpool.manager import Allocation, KvManager, PrefillCost, StepUpdate
 from kvpool.manager import SlotRequest as Slot
 from kvpool.pool import BlockPool
 
@@ -476,6 +476,10 @@ def _misuse_manager() -> KvManager:
             lambda m: m.allocate_steps([[Slot("b", 4)]], "a", stop_if_cost_changes=(0, 0, 1)),
             InvalidArgumentError,
         ),
+        # a step's updates, and the probe asked after them
+        (lambda m: m.finish_step([StepUpdate("a", [], -1, True)], "nope"), UnknownRequestError),
+        (lambda m: m.finish_step([StepUpdate("a", [], -1, True)], "a"), InvalidArgumentError),
+        (lambda m: m.finish_step([StepUpdate("nope", [], -1, True)], "b"), UnknownRequestError),
     ],
 )
 def test_misuse_raises_a_typed_error_and_changes_nothing(call: Any, error: type[PoolError]) -> None:
@@ -900,3 +904,16 @@ def test_a_watched_cost_stops_the_steps_after_the_one_that_changes_it() -> None:
     for name, prompt in (("b", range(50, 54)), ("c", range(9)), ("d", range(60, 64))):
         unwatched.add_request(name, list(prompt))
     assert len(unwatched.allocate_steps(steps, "c")) == 3  # without the watch: all steps
+
+
+def test_a_step_s_updates_carry_the_probe_s_cost_after_them() -> None:
+    """finish_step(updates, probe): the probed request's cost is asked after the frees,
+    so a request waiting on blocks another one held sees them come back."""
+    manager = make(capacity=3)
+    run(manager, "a", list(range(12)))  # three blocks, all of the pool
+    manager.add_request("b", list(range(12)))  # the same prompt: reuses two of them
+    assert manager.prefill_cost("b") == PrefillCost(2, 2, 1)
+    outcome = manager.finish_step([StepUpdate("a", [], -1, True)], "b")
+    assert outcome.cost == manager.prefill_cost("b") == PrefillCost(2, 0, 1)
+    assert outcome.usage.num_active == 0
+    assert manager.finish_step([]).cost is None

@@ -55,6 +55,7 @@ MESSAGES: list[ManagerMessage] = [
     AllocateSteps([[SlotRequest("r1", 17, [5, 6])], [], [SlotRequest("r1", 18)]]),
     AllocateSteps([[SlotRequest("r1", 17)]], "r2", PrefillCost(2, 1, 3)),
     FinishStep([StepUpdate("r1", [7], 18, False), StepUpdate("r2", [], -1, True)]),
+    FinishStep([], "r3"),
     MarkComputed("r1", 16),
     FreeRequest("r1"),
     PreemptRequest("r1"),
@@ -84,6 +85,7 @@ MESSAGES: list[ManagerMessage] = [
         ]
     ),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0)),
+    StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0), PrefillCost(1, 1, 0)),
     DoneReply(),
     ErrorReply("UnknownRequestError", "request 'x' is not registered"),
 ]

@@ -237,8 +237,10 @@ class MockEngine:
             self.rejected_ids.append(spec.request_id)
             stats.requests.append(EngineRequest(spec, arrived).record(self.rank, rejected=True))
             return False
-        await self.kv.add_request(spec.request_id, spec.prompt_token_ids())
+        cost = await self.kv.add_request(spec.request_id, spec.prompt_token_ids())
         stats.submitted += 1
+        if not self.waiting and self.config.enable_prefix_caching:
+            self._head_cost = (spec.request_id, cost)  # the new head; the cache is as it was
         self.waiting.append(EngineRequest(spec, arrived))
         return True
 
@@ -642,6 +644,9 @@ class MockEngine:
         while waiting and budget > 0 and len(running) < config.max_num_seqs:
             request = waiting[0]
             cost = probed if probe == request.request_id else None
+            known = self._head_cost  # current: every cache-changing call sets or clears it
+            if cost is None and known is not None and known[0] == request.request_id:
+                cost = known[1]
             admission = await self._admission(request, budget, cost)
             if admission is None:
                 break
@@ -769,8 +774,11 @@ class MockEngine:
 
         events = self._step_events
         if updates or self._dirty:
-            self._head_cost = None
-            outcome = await kv.finish_step(updates)
+            waiting = self.waiting
+            probe = waiting[0].request_id if waiting and self.config.enable_prefix_caching else None
+            outcome = await kv.finish_step(updates, probe)
+            cost = outcome.cost
+            self._head_cost = None if probe is None or cost is None else (probe, cost)
             self._dirty = False
             events = events + outcome.events if events else outcome.events
             self._num_active = outcome.usage.num_active

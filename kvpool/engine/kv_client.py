@@ -54,8 +54,8 @@ class KvClient(Protocol):
         """Blocks in the pool."""
         ...
 
-    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
-        """Register a request with its prompt; returns None.
+    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillCost:
+        """Register a request with its prompt; returns its `prefill_cost` now.
 
         Raises `DuplicateRequestError` or `InvalidArgumentError`.
         """
@@ -136,14 +136,14 @@ class KvClient(Protocol):
         """Drain and return the router-visible events queued so far, oldest first."""
         ...
 
-    async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
+    async def finish_step(self, updates: list[StepUpdate], probe: str | None = None) -> StepOutcome:
         """Apply a step's updates in order (append, mark, free), then drain the events
-        and read the usage; return both as a `StepOutcome`.
+        and read the usage and ``probe``'s `prefill_cost`; return them as a `StepOutcome`.
 
         One call for everything a step does after its schedule. Raises
-        `UnknownRequestError` (nothing changed) for an update naming an unknown request;
-        a manager error half-way is a bug in the caller (an actor-backed client crashes
-        with `PoolCrashedError`).
+        `UnknownRequestError` (nothing changed) for an update naming an unknown request
+        or an unknown probe; a manager error half-way is a bug in the caller (an
+        actor-backed client crashes with `PoolCrashedError`).
         """
         ...
 
@@ -195,8 +195,8 @@ class LocalKvClient:
     def capacity(self) -> int:
         return self._pool.capacity
 
-    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
-        self._manager.add_request(request_id, prompt_token_ids)
+    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillCost:
+        return self._manager.add_request(request_id, prompt_token_ids)
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         self._manager.append_tokens(request_id, token_ids)
@@ -235,8 +235,8 @@ class LocalKvClient:
     async def take_events(self) -> list[KVEvent]:
         return self._manager.take_events()
 
-    async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
-        return self._manager.finish_step(updates)
+    async def finish_step(self, updates: list[StepUpdate], probe: str | None = None) -> StepOutcome:
+        return self._manager.finish_step(updates, probe)
 
     async def usage(self) -> KvUsage:
         pool = self._pool
@@ -271,8 +271,8 @@ class TimedKvClient:
     def capacity(self) -> int:
         return self._inner.capacity
 
-    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
-        await self._timed(self._inner.add_request(request_id, prompt_token_ids))
+    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillCost:
+        return await self._timed(self._inner.add_request(request_id, prompt_token_ids))
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         await self._timed(self._inner.append_tokens(request_id, token_ids))
@@ -315,8 +315,8 @@ class TimedKvClient:
     async def take_events(self) -> list[KVEvent]:
         return await self._timed(self._inner.take_events())
 
-    async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
-        return await self._timed(self._inner.finish_step(updates))
+    async def finish_step(self, updates: list[StepUpdate], probe: str | None = None) -> StepOutcome:
+        return await self._timed(self._inner.finish_step(updates, probe))
 
     async def usage(self) -> KvUsage:
         return await self._timed(self._inner.usage())

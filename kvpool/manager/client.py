@@ -85,12 +85,15 @@ class ManagerClient:
         self.block_size = block_size
         """Tokens per block."""
 
-    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
-        """Register a request with its prompt; returns None.
+    async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillCost:
+        """Register a request with its prompt; returns its prefill cost now.
 
         Raises `DuplicateRequestError`, `InvalidArgumentError`.
         """
-        await self._call(AddRequest(request_id, prompt_token_ids))  # type: ignore[arg-type]
+        reply: PrefillCostReply = await self._call(
+            AddRequest(request_id, prompt_token_ids)  # type: ignore[arg-type]
+        )
+        return reply.cost
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Append decoded tokens to a request; returns None.
@@ -169,10 +172,11 @@ class ManagerClient:
         """
         await self._call(PreemptRequest(request_id))
 
-    async def finish_step(self, updates: list[StepUpdate]) -> StepOutcome:
-        """Apply a step's updates, drain the events, read occupancy and counters, in one
-        turn; return the `StepOutcome`. Raises as `KvManager.finish_step`."""
-        outcome: StepOutcome = await self._call(FinishStep(updates))
+    async def finish_step(self, updates: list[StepUpdate], probe: str | None = None) -> StepOutcome:
+        """Apply a step's updates, drain the events, read occupancy, counters and the
+        probe's prefill cost, in one turn; return the `StepOutcome`. Raises as
+        `KvManager.finish_step`."""
+        outcome: StepOutcome = await self._call(FinishStep(updates, probe))
         return outcome
 
     async def take_events(self) -> list[KVEvent]:

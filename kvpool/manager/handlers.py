@@ -123,11 +123,12 @@ class ManagerHandlers:
         self.manager.append_tokens(message.request_id, message.token_ids)
         return _DONE
 
-    def add_request(self, message: AddRequest) -> DoneReply:
-        self.manager.add_request(message.request_id, message.prompt_token_ids)
-        return _DONE
+    def add_request(self, message: AddRequest) -> PrefillCostReply:
+        return PrefillCostReply(
+            self.manager.add_request(message.request_id, message.prompt_token_ids)
+        )
 
-    def undo_add_request(self, message: AddRequest, reply: DoneReply) -> None:
+    def undo_add_request(self, message: AddRequest, reply: PrefillCostReply) -> None:
         manager = self.manager
         if message.request_id in manager and not manager.num_blocks(message.request_id):
             manager.free(message.request_id)
@@ -141,7 +142,7 @@ class ManagerHandlers:
         return _DONE
 
     def finish_step(self, message: FinishStep) -> StepOutcome:
-        return self.manager.finish_step(message.updates)
+        return self.manager.finish_step(message.updates, message.probe)
 
     def undo_finish_step(self, message: FinishStep, reply: StepOutcome) -> None:
         self.manager.restore_events(reply.events)

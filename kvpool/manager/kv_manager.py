@@ -141,8 +141,10 @@ class KvManager:
 
     # ---------------------------------------------------------------- requests
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillCost:
         """Register a request and its prompt; it holds no block until `allocate`.
+        Returns its `prefill_cost` now (a scheduler's first question about a new
+        request, answered in the same call).
 
         Raises `DuplicateRequestError` if ``request_id`` is registered, and
         `InvalidArgumentError` for an id that is not a str or a token outside u32.
@@ -154,6 +156,7 @@ class KvManager:
         state = RequestState(BlockHasher(self._block_size) if self._caching else None)
         state.extend(tokens)
         self._requests[request_id] = state
+        return self.prefill_cost(request_id)
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Append (decoded) tokens to a request, hashing the blocks they complete.
@@ -599,14 +602,17 @@ class KvManager:
 
     # ------------------------------------------------------------------ steps
 
-    def finish_step(self, updates: Sequence[StepUpdate]) -> StepOutcome:
+    def finish_step(self, updates: Sequence[StepUpdate], probe: str | None = None) -> StepOutcome:
         """Apply a scheduler step's updates in order (append, mark computed, free), then
-        drain the events and read the occupancy and counters: one call per step.
+        drain the events and read the occupancy and counters: one call per step. With
+        ``probe``, the outcome also carries that request's `prefill_cost` after the
+        updates (``cost``): the cost of the queue's head as the next step starts.
 
         Raises `UnknownRequestError` or `InvalidArgumentError`, changing nothing, for an
-        update naming an unknown request or carrying bad tokens. An update refused half
-        way (a computed count going backwards, say) is the scheduler's bug, not a
-        refusal: it raises `InvariantViolationError`, which crashes an actor.
+        update naming an unknown request or carrying bad tokens, or an unknown probe or
+        one the updates free. An update refused half way (a computed count going
+        backwards, say) is the scheduler's bug, not a refusal: it raises
+        `InvariantViolationError`, which crashes an actor.
         """
         for update in updates:
             if type(update) is not StepUpdate:
@@ -614,6 +620,10 @@ class KvManager:
             self._get(update.request_id)
             if update.append:
                 check_tokens(update.append)
+            if update.free and update.request_id == probe:
+                raise InvalidArgumentError(f"the probe {probe!r} is freed by the step's updates")
+        if probe is not None:
+            self._get(probe)
         try:
             for update in updates:
                 request_id = update.request_id
@@ -627,7 +637,8 @@ class KvManager:
             raise InvariantViolationError(f"a step's updates failed half way: {exc}") from exc
         pool = self._pool
         usage = PoolUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
-        return StepOutcome(self.take_events(), usage, self.stats())
+        cost = None if probe is None else self.prefill_cost(probe)
+        return StepOutcome(self.take_events(), usage, self.stats(), cost)
 
     # -------------------------------------------------------------- internals
 

@@ -26,7 +26,8 @@ from kvpool.messages import DoneReply, ErrorReply
 
 
 class AddRequest(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """``KvManager.add_request``: register ``request_id`` with its prompt."""
+    """``KvManager.add_request``: register ``request_id`` with its prompt; the reply is
+    a `PrefillCostReply` (its cost now)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -96,9 +97,11 @@ class TakeEvents(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 
 class FinishStep(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """``KvManager.finish_step``: a scheduler step's updates, then the drain and reads."""
+    """``KvManager.finish_step``: a scheduler step's updates, then the drain and reads
+    and, with ``probe``, that request's prefill cost."""
 
     updates: list[StepUpdate]
+    probe: str | None = None
 
 
 class GetManagerStats(msgspec.Struct, frozen=True, gc=False, tag=True):
@@ -139,7 +142,7 @@ class StepsReply(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 
 class PrefillCostReply(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """The answer to `GetPrefillCost`."""
+    """The answer to `GetPrefillCost` and to `AddRequest`."""
 
     cost: PrefillCost
 

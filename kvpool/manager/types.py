@@ -88,11 +88,13 @@ class StepUpdate(msgspec.Struct, frozen=True, gc=False, array_like=True):
 
 class StepOutcome(msgspec.Struct, frozen=True, gc=False, tag=True):
     """After a step's updates (`KvManager.finish_step`): the events they and the step's
-    allocations queued, drained, and the pool's occupancy and counters after them."""
+    allocations queued, drained, the pool's occupancy and counters after them, and the
+    probed request's `PrefillCost` after them (None: no probe)."""
 
     events: list[KVEvent]
     usage: PoolUsage
     stats: ManagerStats
+    cost: PrefillCost | None = None
 
 
 class SlotRequest(msgspec.Struct, frozen=True, gc=False):
