@@ -29,7 +29,9 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
    engine counts the blocks it was given, so only a step that finished, preempted or
    aborted a request needs `KvClient.finish_step`: the frees, then the rest of the
    events and the usage. The step's events go out as
-   one `KVEventBatch` to the sink, if any.
+   one `KVEventBatch` to the sink, if any. The queue head's admission cost rides on
+   the call before it is needed (an allocation's probe, `finish_step`'s, or the head's
+   own `add_request`), so `prefill_cost` needs a call of its own only after an abort.
 
 *Same-step visibility* (vLLM v1's ``KVCacheManager.allocate_slots``, which Dynamo's
 mocker follows): when a request is scheduled, its full blocks through its computed plus
