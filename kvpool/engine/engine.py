@@ -95,7 +95,7 @@ from kvpool.engine.stepping import (
 from kvpool.engine.timing import DynamoTiming
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
-from kvpool.manager import Allocation, PrefillCost, SlotRequest, StepAllocations
+from kvpool.manager import Allocation, ManagerStats, PrefillCost, SlotRequest, StepAllocations
 from kvpool.workloads import RequestSpec
 
 _UNBOUNDED = 1 << 62
@@ -452,11 +452,7 @@ class MockEngine:
         scheduled = dict.fromkeys(running, 1)
         for index, allocation in zip(members, results[last].allocations, strict=True):
             self._grant(running[index], allocation)
-        counters = results[last].stats
-        stats = self.stats
-        stats.evictions = counters.evictions
-        stats.prefix_query_tokens = counters.prefix_query_tokens
-        stats.prefix_hit_tokens = counters.prefix_hit_tokens
+        _read_counters(self.stats, results[last].stats)
         budget = config.max_num_batched_tokens - len(running)
         await self._admit(scheduled, budget, probe, results[last].cost)
         await self._execute(scheduled)
@@ -516,9 +512,7 @@ class MockEngine:
         sink = self.sink
         for end, blocks, result in zip(plan.group_ends, plan.group_active, results, strict=True):
             counters = result.stats
-            stats.evictions = counters.evictions
-            stats.prefix_query_tokens = counters.prefix_query_tokens
-            stats.prefix_hit_tokens = counters.prefix_hit_tokens
+            _read_counters(stats, counters)
             if result.events:
                 stats.event_batches += 1
                 if sink is not None:
@@ -689,11 +683,7 @@ class MockEngine:
         self._head_cost = None if probe is None or cost is None else (probe, cost)
         if outcome.events:
             self._step_events.extend(outcome.events)
-        stats = self.stats
-        counters = outcome.stats
-        stats.evictions = counters.evictions
-        stats.prefix_query_tokens = counters.prefix_query_tokens
-        stats.prefix_hit_tokens = counters.prefix_hit_tokens
+        _read_counters(self.stats, outcome.stats)
         return outcome
 
     def _grant(self, request: EngineRequest, allocation: Allocation) -> None:
@@ -784,10 +774,7 @@ class MockEngine:
             self._dirty = False
             events = events + outcome.events if events else outcome.events
             self._num_active = outcome.usage.num_active
-            # The pool counts evictions and the manager prefix queries and hits.
-            stats.evictions = outcome.stats.evictions
-            stats.prefix_query_tokens = outcome.stats.prefix_query_tokens
-            stats.prefix_hit_tokens = outcome.stats.prefix_hit_tokens
+            _read_counters(stats, outcome.stats)
         # else: nothing finished or was freed; this step's allocations drained their own
         # events and counters, and their blocks are in the engine's count
         if events:
@@ -807,3 +794,11 @@ class MockEngine:
             stats.prefix_hit_tokens,
         )
         return duration, finished
+
+
+def _read_counters(stats: EngineStats, counters: ManagerStats) -> None:
+    """Copy the counters the engine does not keep itself: the pool counts evictions, the
+    manager prefix-cache queries and hits."""
+    stats.evictions = counters.evictions
+    stats.prefix_query_tokens = counters.prefix_query_tokens
+    stats.prefix_hit_tokens = counters.prefix_hit_tokens
