@@ -351,13 +351,9 @@ class MockEngine:
             # blocks the next step's growth takes, and (prefix caching) at a cost the
             # jump watches, stopping at the step that changes it.
             head = waiting[0]
-            cost = None
-            if caching:
-                known = self._head_cost
-                if known is not None and known[0] == head.request_id:
-                    cost = known[1]
-                else:
-                    cost = await self.kv.prefill_cost(head.request_id)
+            cost = self._known_cost(head.request_id)
+            if caching and cost is None:
+                cost = await self.kv.prefill_cost(head.request_id)
             growing = 0
             if plan.groups and not plan.group_steps[0]:
                 growing = plan.group_active[0] - self._num_active
@@ -428,8 +424,7 @@ class MockEngine:
             if len(result.allocations) != len(slots):
                 raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
         if results:
-            answer = results[-1].cost
-            self._head_cost = None if probe is None or answer is None else (probe, answer)
+            self._remember_cost(probe, results[-1].cost)
         if len(results) == len(plan.groups):
             self._apply_crossing(plan, results)
             return plan.taken
@@ -453,8 +448,7 @@ class MockEngine:
         for index, allocation in zip(members, results[last].allocations, strict=True):
             self._grant(running[index], allocation)
         _read_counters(self.stats, results[last].stats)
-        budget = config.max_num_batched_tokens - len(running)
-        await self._admit(scheduled, budget, probe, results[last].cost)
+        await self._admit(scheduled, config.max_num_batched_tokens - len(running))
         await self._execute(scheduled)
         return before.taken + 1
 
@@ -549,11 +543,8 @@ class MockEngine:
 
         caching = config.enable_prefix_caching
         waiting = self.waiting
-        # the queue's head, whose admission cost the last allocation asked for (only the
-        # last KV call's answer is current): one call fewer per step that admits or
-        # refuses after allocating
+        # the queue's head, whose admission cost the allocation asks for in the same call
         probe: str | None = None
-        probed: PrefillCost | None = None
         i = 0
         while True:
             i, budget = schedule_fitting(running, i, budget, scheduled, bs, caching)
@@ -572,9 +563,7 @@ class MockEngine:
                 slots.append(SlotRequest(request.request_id, target, pending))
             if caching and waiting and len(running) < config.max_num_seqs:
                 probe = waiting[0].request_id
-            outcome = await self._allocate(slots, probe)
-            probed = outcome.cost
-            allocations = outcome.allocations
+            allocations = (await self._allocate(slots, probe)).allocations
             for (index, target), allocation in zip(plan, allocations, strict=False):
                 # the requests between two allocations need no call
                 i, budget = schedule_fitting(running, i, budget, scheduled, bs, caching)
@@ -619,19 +608,13 @@ class MockEngine:
             i += 1
 
         if not preempted:
-            await self._admit(scheduled, budget, probe, probed)
+            await self._admit(scheduled, budget)
         return scheduled
 
-    async def _admit(
-        self,
-        scheduled: dict[EngineRequest, int],
-        budget: int,
-        probe: str | None,
-        probed: PrefillCost | None,
-    ) -> None:
+    async def _admit(self, scheduled: dict[EngineRequest, int], budget: int) -> None:
         """Admit waiting requests into ``scheduled``, first come first served, while the
-        budget lasts and fewer than ``max_num_seqs`` run; ``probed`` is ``probe``'s cost
-        as the last KV call's reply carried it."""
+        budget lasts and fewer than ``max_num_seqs`` run; each head's cost is the one the
+        call before carried, when it did (`_known_cost`)."""
         config = self.config
         bs = config.block_size
         caching = config.enable_prefix_caching
@@ -639,11 +622,7 @@ class MockEngine:
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < config.max_num_seqs:
             request = waiting[0]
-            cost = probed if probe == request.request_id else None
-            known = self._head_cost  # current: every cache-changing call sets or clears it
-            if cost is None and known is not None and known[0] == request.request_id:
-                cost = known[1]
-            admission = await self._admission(request, budget, cost)
+            admission = await self._admission(request, budget, self._known_cost(request.request_id))
             if admission is None:
                 break
             cached, num_new, fresh, inactive_cached = admission
@@ -652,7 +631,6 @@ class MockEngine:
                 probe = waiting[1].request_id  # the next head, if this one is admitted
             slot = SlotRequest(request.request_id, cached + num_new)
             outcome = await self._allocate([slot], probe)
-            probed = outcome.cost
             if not outcome.allocations:
                 break
             allocation = outcome.allocations[0]
@@ -679,12 +657,21 @@ class MockEngine:
         counters the call drained for this step's end; return the outcome (what fit, and
         ``probe``'s admission cost)."""
         outcome = (await self.kv.allocate_steps([slots], probe))[0]
-        cost = outcome.cost
-        self._head_cost = None if probe is None or cost is None else (probe, cost)
+        self._remember_cost(probe, outcome.cost)
         if outcome.events:
             self._step_events.extend(outcome.events)
         _read_counters(self.stats, outcome.stats)
         return outcome
+
+    def _remember_cost(self, probe: str | None, cost: PrefillCost | None) -> None:
+        """Keep what a cache-changing call answered for ``probe`` (None: nothing)."""
+        self._head_cost = None if probe is None or cost is None else (probe, cost)
+
+    def _known_cost(self, request_id: str) -> PrefillCost | None:
+        """``request_id``'s admission cost if the last cache-changing call carried it
+        (every such call sets or clears it, so it is current), else None."""
+        known = self._head_cost
+        return known[1] if known is not None and known[0] == request_id else None
 
     def _grant(self, request: EngineRequest, allocation: Allocation) -> None:
         """Count the fresh blocks a running request was given (the admission check's
@@ -769,8 +756,7 @@ class MockEngine:
             waiting = self.waiting
             probe = waiting[0].request_id if waiting and self.config.enable_prefix_caching else None
             outcome = await kv.finish_step(updates, probe)
-            cost = outcome.cost
-            self._head_cost = None if probe is None or cost is None else (probe, cost)
+            self._remember_cost(probe, outcome.cost)
             self._dirty = False
             events = events + outcome.events if events else outcome.events
             self._num_active = outcome.usage.num_active
