@@ -38,7 +38,6 @@ def schedule_fitting(
     """Schedule ``running[start:]`` in order while the budget lasts and each request's
     tokens fit its table without a KV call; return (the index of the first request that
     needs one, or ``len(running)``, and the budget left).
-
     """
     i = start
     count = len(running)
