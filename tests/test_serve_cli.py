@@ -97,7 +97,9 @@ def test_a_signal_mid_stream_finishes_the_request_and_exits_zero(
         for _ in range(200):  # stop accepting: new connections are refused (within 2 s)
             try:
                 httpx.get(f"{server.url}/health", timeout=1)
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+                # refused, or reset unanswered: the kernel may complete a handshake into
+                # the backlog just before uvicorn closes the listening socket
                 refused = True
                 break
             time.sleep(0.01)
