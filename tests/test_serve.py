@@ -7,6 +7,7 @@ The server runs on uvicorn inside the test's own event loop (`running_server`, p
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import math
 from typing import Any
@@ -272,6 +273,27 @@ async def test_metrics_use_vllms_names_and_agree_with_the_requests() -> None:
     assert after[("vllm:kv_cache_usage_perc", "0")] == 0.0
     assert after[("vllm:cache_config_info", "1")] == 1
     assert after[("vllm:generation_tokens_total", "1")] == 0  # rank 1 had nothing to do
+
+
+async def test_a_finished_stream_leaves_no_task_behind_on_a_kept_alive_connection() -> None:
+    # The stream's disconnect listener is not cancelled: it must end because the server
+    # answers its pending receive once the response is complete, even on a connection
+    # the client keeps open. A listener left waiting would keep the request's task alive.
+    state = small_state()
+    body = {"model": MODEL, "prompt": "one two three", "max_tokens": 5, "stream": True}
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/health")).status_code == 200  # the connection is open
+            before = len(asyncio.all_tasks())
+            for _ in range(3):
+                async with client.stream("POST", "/v1/completions", json=body) as response:
+                    lines = [line async for line in response.aiter_lines() if line]
+                assert lines[-1] == "data: [DONE]"
+                assert len(lines) == 6  # five tokens, then [DONE]
+            while len(asyncio.all_tasks()) > before:
+                await anyio.sleep(0.01)
+            assert (await client.get("/health")).status_code == 200  # still the same server
+    assert state.leaked_blocks == 0
 
 
 async def test_a_client_disconnecting_mid_stream_aborts_and_frees_its_blocks() -> None:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import time
 import uuid
 from array import array
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -28,8 +29,9 @@ import msgspec
 import xxhash
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from kvpool.serve.driver import EngineDriver, Output
 from kvpool.serve.outbox import Outbox
@@ -66,6 +68,52 @@ def _decode(kind: type[_T], body: bytes) -> _T:
         raise ApiError(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ApiError(f"malformed JSON body: {exc}") from None
+
+
+Write = Callable[[bytes, bool], Awaitable[None]]
+"""Send response bytes; the flag says more will follow (False: the response ends)."""
+
+
+class _EventStream(Response):
+    """A server-sent event stream written straight to the ASGI ``send``.
+
+    Starlette's ``StreamingResponse`` ends a response with a write of its own and then
+    cancels its disconnect listener, an anyio cancellation that costs more than the
+    rest of a stream's end: when a wave of requests finishes in one step, the next step
+    starts late (benchmarks/README.md, "Serving"). Here ``produce`` writes its last
+    events together with the end of the response, and the listener ends by itself: once
+    the response is complete the server answers its pending ``receive`` with
+    ``http.disconnect`` (uvicorn does, with either HTTP parser). Only a client that
+    leaves first has its listener cancel ``produce``, which then releases its requests.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, produce: Callable[[Write], Awaitable[None]]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(None)
+        self._produce = produce
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        complete = False
+
+        async def write(data: bytes, more: bool) -> None:
+            nonlocal complete
+            complete = not more
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        async with anyio.create_task_group() as tasks:
+
+            async def listen() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                if not complete:  # the client left mid-stream
+                    tasks.cancel_scope.cancel()
+
+            tasks.start_soon(listen)
+            await self._produce(write)
 
 
 class _Job:
@@ -234,9 +282,8 @@ class _Api:
     ) -> Response:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(
-                self._stream(jobs, base, chat=chat, include_usage=include_usage),
-                media_type="text/event-stream",
+            return _EventStream(
+                partial(self._stream, jobs, base, chat=chat, include_usage=include_usage)
             )
         try:
             results = [await _collect(job) for job in jobs]
@@ -275,10 +322,10 @@ class _Api:
         )
 
     async def _stream(
-        self, jobs: list[_Job], base: str, *, chat: bool, include_usage: bool
-    ) -> AsyncIterator[bytes]:
-        """SSE chunks, one per generated token; the jobs are released (aborted if still
-        running) however this ends, a client disconnect (cancellation) included."""
+        self, jobs: list[_Job], base: str, write: Write, *, chat: bool, include_usage: bool
+    ) -> None:
+        """Write SSE chunks, one per generated token; the jobs are released (aborted if
+        still running) however this ends, a client disconnect (cancellation) included."""
         model = self.state.model_name
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
@@ -307,7 +354,8 @@ class _Api:
         try:
             if chat:
                 role = {"role": "assistant", "content": ""}
-                yield chunk([{"index": 0, "delta": role, "logprobs": None, "finish_reason": None}])
+                role_chunk = [{"index": 0, "delta": role, "logprobs": None, "finish_reason": None}]
+                await write(chunk(role_chunk), True)
             pending = list(range(len(jobs)))
 
             def event(index: int, output: Output) -> bytes:
@@ -328,7 +376,8 @@ class _Api:
             # Round robin over a batch's prompts (every step sends each running one a
             # token). Outputs that queued up while the client was being written to go
             # out in one write: a loaded server catches up instead of falling behind.
-            # The last outputs go out with the usage and [DONE], in one write.
+            # The last outputs go out with the usage, [DONE] and the end of the response,
+            # in one write.
             last = b""
             while pending:
                 for index in list(pending):
@@ -343,12 +392,12 @@ class _Api:
                         pending.remove(index)
                         continue
                     if pending:
-                        yield b"".join(events)
+                        await write(b"".join(events), True)
                     else:
                         last = b"".join(events)
             if include_usage:
                 last += chunk([], _usage(jobs, results))
-            yield last + b"data: [DONE]\n\n"
+            await write(last + b"data: [DONE]\n\n", False)
         finally:
             for job in jobs:
                 job.release()
