@@ -47,3 +47,25 @@ def test_the_stress_run_leaves_nothing_held(backend: str) -> None:
     # The pool counts every admit that fit, including ones undone for a caller that
     # was cancelled before reading its reply; every lease entered read one of them.
     assert int(fields["reserves"]) >= int(fields["leases"])
+
+
+def test_the_kv_routed_fleet_sends_each_chat_to_the_worker_holding_its_prefix() -> None:
+    pytest.importorskip("dynamo.llm", reason="ai-dynamo-runtime ships Linux wheels only")
+    out = _run("kv_routed_fleet.py", "--workers", "3", "--chats", "6", "--turns", "3")
+    turns = re.findall(
+        r"chat (\d+) \(system prompt (\d+)\) turn (\d+): worker (\d+), (\d+) of (\d+)", out
+    )
+    assert len(turns) == 18, out
+    worker_of: dict[str, set[str]] = {}
+    for chat, system, turn, worker, cached, prompt in turns:
+        worker_of.setdefault(system, set()).add(worker)
+        if turn != "0":  # the full blocks of the chat's previous prompt, 50 tokens shorter
+            assert int(cached) == (int(prompt) - 50) // 16 * 16, out
+        elif int(chat) >= 3:  # a later chat on a system prompt already served
+            assert int(cached) == 400, out
+        else:  # a system prompt nobody holds yet goes to the least-loaded worker
+            assert cached == "0", out
+    # one worker per system prompt, and the three prompts spread over the three workers
+    assert all(len(workers) == 1 for workers in worker_of.values()), out
+    assert set().union(*worker_of.values()) == {"1", "2", "3"}, out
+    assert "fleet stopped: 3 workers exited 0" in out
