@@ -57,14 +57,17 @@ import argparse
 import cProfile
 import functools
 import gc
+import gzip
 import math
 import pstats
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -368,6 +371,50 @@ def multiturn_trace(path: Path | None, workdir: Path) -> Path | None:
     return out
 
 
+def dynamo_replay(path: Path, config: EngineConfig, repeat: int) -> tuple[float, int] | None:
+    """Best wall seconds (and requests completed) of NVIDIA Dynamo's own mocker replaying
+    ``path`` offline with ``config``'s cache and batch limits, its other settings its own
+    (its polynomial timing model among them); None without ``ai-dynamo-runtime``."""
+    try:
+        from dynamo._core import run_mocker_trace_replay
+    except ImportError:
+        return None
+    engine = {
+        "num_gpu_blocks": config.num_gpu_blocks,
+        "block_size": config.block_size,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "preemption_mode": config.preemption_mode,
+    }
+    best = math.inf
+    completed = 0
+    for _ in range(repeat):
+        gc.collect()
+        start = time.perf_counter()
+        result = run_mocker_trace_replay(
+            [str(path)], extra_engine_args={"engine": engine}, trace_block_size=512
+        )
+        best = min(best, time.perf_counter() - start)
+        completed = int(result.summary["completed_requests"])
+    return best, completed
+
+
+def dynamo_row(path: Path, config: EngineConfig, repeat: int, ours: Timed) -> None:
+    """The side-by-side row: Dynamo's mocker on the same trace, and kvpool's ratio."""
+    replayed = dynamo_replay(path, config, repeat)
+    if replayed is None:
+        print("  Dynamo mocker: skipped (pip install ai-dynamo-runtime, Linux, to compare)")
+        return
+    wall, completed = replayed
+    print(
+        f"  {'Dynamo mocker, offline':24s} {'best of ' + str(repeat):>10s} {wall:9.2f} s "
+        f"{completed / wall:10,.0f} (ai-dynamo-runtime's Rust replay, same trace and "
+        f"cache; kvpool's actor fast-forward takes {ours.wall_s / wall:.1f}x as long)"
+    )
+
+
 def row(label: str, timed: Timed, note: str = "") -> None:
     print(
         f"  {label:24s} {timed.how():>10s} {timed.wall_s:9.2f} s "
@@ -393,12 +440,14 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
         )
         print(f"  {'backend, path':24s} {'runs':>10s} {'wall time':>11s} {'req/wall s':>10s}")
         fast_total: WorkerReport | None = None
+        actor_fast: Timed | None = None
         for backend in ("actor", "local"):
             fast = best_of(repeat, functools.partial(run_trace, trace, config, backend, True))
             met = "met" if fast.requests_per_s >= TARGET_REQUESTS_PER_S else "NOT met"
             target = f"(target >= {TARGET_REQUESTS_PER_S:,}: {met})" if backend == "actor" else ""
             row(f"{backend}, fast-forward", fast, target)
             fast_total = fast.total
+            actor_fast = actor_fast or fast
             if step_by_step:
                 slow = best_of(1, functools.partial(run_trace, trace, config, backend, False))
                 differ = differences(fast.total, slow.total)
@@ -411,6 +460,8 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
                     f"(fast-forward's speedup {slow.wall_s / fast.wall_s:.1f}x; {same})",
                 )
         assert fast_total is not None
+        assert actor_fast is not None
+        dynamo_row(path, config, repeat, actor_fast)
         # untimed runs, counting (local backend: the engine makes the same calls on both)
         counter = StepCounter()
         calls: Counter[str] = Counter()
@@ -469,6 +520,22 @@ def mooncake_section(path: Path, repeat: int, reproduce: str) -> None:
                 f"{100 * (total.prefix_cache_hit_rate or 0.0):.1f}%, "
                 f"{total.steps:,} steps)",
             )
+            with plain_copy(path) as plain:
+                dynamo_row(plain, config, repeat, timed)
+
+
+@contextmanager
+def plain_copy(path: Path) -> Iterator[Path]:
+    """``path`` itself, or a decompressed copy of a ``.gz`` (Dynamo's replay reads plain
+    JSON lines)."""
+    if path.suffix != ".gz":
+        yield path
+        return
+    with tempfile.TemporaryDirectory() as workdir:
+        plain = Path(workdir) / path.stem
+        with gzip.open(path, "rb") as packed, plain.open("wb") as out:
+            shutil.copyfileobj(packed, out)
+        yield plain
 
 
 def embedded_section(args: argparse.Namespace) -> None:
