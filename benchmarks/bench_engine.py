@@ -81,11 +81,12 @@ from kvpool.engine.report import WorkerReport
 from kvpool.engine.runner import KV_BACKENDS, KvFactory, SimulationRun, run_simulation
 from kvpool.workloads import MooncakeTrace, RequestSpec, default_workload
 
-BEFORE_ISSUE_9 = ("92c3dcf", 0.79)
-"""(commit, best-of-5 wall seconds) of the actor backend on the embedded default, with
-direct turns and a deque mailbox, measured 2026-12-01 on the 2-core EPYC VM minutes apart
-from 3379ac5 (0.73-0.88 s over three runs; the 1.09 s first recorded on 2026-11-30 was
-on a busier machine)."""
+BEFORE_ISSUE_9 = ("92c3dcf", 0.264)
+"""(commit, best wall seconds) of the actor backend on the embedded default, with direct
+turns and a deque mailbox: `run_simulation` of 92c3dcf's own build in a worktree, six
+best-of-3 runs alternating with 9350aae's on the machine of the 2026-12-01 session
+(0.264-0.268 s; earlier sessions' machines ran it in 0.55-0.88 s). A figure from
+another machine does not compare: rebuild 92c3dcf beside this one to compare."""
 
 SHARED = REPO.parent / "shared"
 """The shared directory beside the repository (``../shared``): traces and their generator."""
@@ -567,7 +568,7 @@ def embedded_section(args: argparse.Namespace) -> None:
         print(f"  wall time                {wall:8.2f} s  (target < 15 s)")
         if name == "actor":
             commit, seconds = BEFORE_ISSUE_9
-            print(f"  before issue 9 ({commit})  {seconds:8.2f} s  (same workload, best of 5)")
+            print(f"  before issue 9 ({commit})  {seconds:8.2f} s  (same workload, 2026-12-01)")
         print(f"  simulated time           {run.report.simulated_s:8.2f} s")
         print(f"  requests per wall second {total.requests_submitted / wall:8.0f}")
         print(f"  steps per wall second    {total.steps / wall:8.0f}")
