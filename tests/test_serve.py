@@ -20,7 +20,7 @@ import zmq
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpool.engine import EngineConfig
+from kvpool.engine import EngineConfig, TimingModel
 from kvpool.events import BlockStored, ZmqEventPublisher, decode_batch
 from kvpool.serve import BuiltinTokenizer, ServeState, running_server
 
@@ -293,6 +293,48 @@ async def test_a_finished_stream_leaves_no_task_behind_on_a_kept_alive_connectio
             while len(asyncio.all_tasks()) > before:
                 await anyio.sleep(0.01)
             assert (await client.get("/health")).status_code == 200  # still the same server
+    assert state.leaked_blocks == 0
+
+
+async def test_a_client_leaving_while_its_request_waits_in_the_queue_aborts_it() -> None:
+    # One sequence at a time, 20 ms steps at real time: the second stream waits behind
+    # the first, writes nothing, and its client leaves. The disconnect listener alone
+    # must notice, and the engine drop the queued request without running it.
+    timing = TimingModel(step_overhead_s=0.02)
+    config = EngineConfig(num_gpu_blocks=256, block_size=4, max_num_seqs=1, timing=timing)
+    state = ServeState(config, speedup_ratio=1.0)
+    first = {"model": MODEL, "prompt": "first in line", "max_tokens": 30}
+    queued = {"model": MODEL, "prompt": "second in line", "max_tokens": 30, "stream": True}
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            async with anyio.create_task_group() as tasks:
+                done: list[httpx.Response] = []
+
+                async def run_first() -> None:
+                    done.append(await client.post("/v1/completions", json=first))
+
+                tasks.start_soon(run_first)
+                driver = state.drivers[0]
+                engine = driver.engine
+                assert engine is not None
+                while not engine.running:
+                    await anyio.sleep(0.005)
+                async with client.stream("POST", "/v1/completions", json=queued) as response:
+                    assert response.status_code == 200
+                    while len(engine.waiting) == 0:
+                        await anyio.sleep(0.005)
+                # leaving the block closed the connection before any token was written
+                while engine.stats.aborted == 0:
+                    await anyio.sleep(0.005)
+                assert engine.running  # the first request is still decoding
+            [answer] = done
+            assert answer.status_code == 200
+            assert answer.json()["usage"]["completion_tokens"] == 30
+            assert engine.stats.completed == 1  # the queued one never ran
+            assert not engine.has_work
+            assert driver.outstanding == 0
+            usage = await engine.final_usage()
+            assert usage.num_active == 0
     assert state.leaked_blocks == 0
 
 
