@@ -5,16 +5,19 @@ The indexer is the KV-aware half of Dynamo's router: it subscribes to each worke
 socket, decodes vLLM's events with Dynamo's Rust decoder, re-hashes their token ids, and
 answers ``/query`` with the tokens each worker holds of a prompt. What it reports must
 follow what each worker's cache did: blocks stored, blocks evicted, and, for a listener
-that joins late, the history it asks back from the worker's replay socket.
+that joins late, the history it asks back from the worker's replay socket; with
+``--data-parallel-size``, each rank's own cache on its own sockets (port + rank).
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -55,7 +58,7 @@ class Indexer:
         except httpx.TransportError:
             return False
 
-    def register(self, instance: int, pub_port: int, replay_port: int) -> None:
+    def register(self, instance: int, pub_port: int, replay_port: int, dp_rank: int = 0) -> None:
         response = self.http.post(
             "/register",
             json={
@@ -64,6 +67,7 @@ class Indexer:
                 "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
                 "model_name": MODEL,
                 "block_size": BLOCK_SIZE,
+                "dp_rank": dp_rank,
             },
         )
         assert response.is_success, response.text  # 201 Created
@@ -72,16 +76,24 @@ class Indexer:
         workers = self.http.get("/workers", params={"model_name": MODEL}).json()
         return {w["instance_id"] for w in workers if w["status"] == "active"}
 
-    def held(self, tokens: list[int]) -> dict[int, int]:
-        """Tokens of ``tokens``' prefix each worker holds, by the indexer (0s left out)."""
+    def held_by_rank(self, tokens: list[int]) -> dict[tuple[int, int], int]:
+        """Tokens of ``tokens``' prefix each (worker, dp rank) holds (0s left out)."""
         response = self.http.post("/query", json={"token_ids": tokens, "model_name": MODEL})
         assert response.status_code == 200, response.text
         scores: dict[str, dict[str, int]] = response.json()["scores"]
         return {
-            int(instance): matched
+            (int(instance), int(rank)): matched
             for instance, ranks in scores.items()
-            if (matched := max(ranks.values(), default=0))
+            for rank, matched in ranks.items()
+            if matched
         }
+
+    def held(self, tokens: list[int]) -> dict[int, int]:
+        """Tokens of ``tokens``' prefix each worker holds, by the indexer (0s left out)."""
+        held: dict[int, int] = {}
+        for (instance, _), matched in self.held_by_rank(tokens).items():
+            held[instance] = max(held.get(instance, 0), matched)
+        return held
 
     def output(self) -> str:
         """What the indexer logged so far."""
@@ -195,3 +207,49 @@ def test_dynamos_indexer_follows_each_workers_cache_and_replays_what_it_missed(
     for server, _, _ in workers:
         status, log = server.stop()
         assert status == 0, log
+
+
+def free_port_pair() -> int:
+    """A port P with P + 1 free too: a rank-1 socket binds at the base port plus one."""
+    while True:
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def test_each_data_parallel_rank_publishes_its_own_cache_at_port_plus_rank(
+    indexers: Callable[[], Indexer],
+) -> None:
+    pub, replay = free_port_pair(), free_port_pair()
+    # real time and 50 ms steps: two requests sent together overlap, so least-loaded
+    # dispatch sends them to different ranks
+    server = Served(
+        "--port", "0", "--log-level", "warning", "--data-parallel-size", "2",
+        "--step-overhead-ms", "50",
+        "--block-size", str(BLOCK_SIZE), "--zmq-kv-event-port", str(pub),
+        "--zmq-replay-port", str(replay), "--zmq-kv-event-host", "127.0.0.1",
+    )  # fmt: skip
+    try:
+        indexer = indexers()
+        for rank in (0, 1):
+            indexer.register(1, pub + rank, replay + rank, dp_rank=rank)
+        wait_for(lambda: indexer.active() == {1}, "both ranks' listeners to connect")
+        a, b = prompt(1000), prompt(5000)
+        with ThreadPoolExecutor(2) as pool:
+            usages = list(pool.map(lambda tokens: complete(server, tokens)["usage"], [a, b]))
+        assert [u["prompt_tokens"] for u in usages] == [100, 100]
+        wait_for(lambda: len(indexer.held_by_rank(a)) == len(indexer.held_by_rank(b)) == 1,
+                 "both prompts' blocks")  # fmt: skip
+        [(worker_a, rank_a)] = indexer.held_by_rank(a)
+        [(worker_b, rank_b)] = indexer.held_by_rank(b)
+        assert (worker_a, worker_b) == (1, 1)
+        assert {rank_a, rank_b} == {0, 1}  # dispatched to one rank each, held there only
+        assert indexer.held_by_rank(a)[1, rank_a] == indexer.held_by_rank(b)[1, rank_b] == 96
+        status, log = server.stop()
+        assert status == 0, log
+    finally:
+        server.kill()
