@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.events import BlockRemoved, BlockStored
-from kvpool.hashing import block_hashes
+from kvpool.hashing import TOKEN_TYPECODE, block_hashes
 from kvpool.manager import Allocation, KvManager, PrefillCost, StepUpdate
 from kvpool.manager import SlotRequest as Slot
 from kvpool.pool import BlockPool
@@ -428,6 +429,7 @@ def _misuse_manager() -> KvManager:
         (lambda m: m.add_request("c", [1, -1]), InvalidArgumentError),
         (lambda m: m.add_request("c", [1, 2**32]), InvalidArgumentError),
         (lambda m: m.add_request("c", [1, 2.0]), InvalidArgumentError),
+        (lambda m: m.add_request("c", array("q", [1, -1])), InvalidArgumentError),
         (lambda m: m.add_request("c", "abc"), InvalidArgumentError),
         (lambda m: m.add_request(7, [1]), InvalidArgumentError),
         (lambda m: m.add_request(["x"], [1]), InvalidArgumentError),
@@ -671,6 +673,18 @@ def test_restored_events_come_back_ahead_of_newer_ones() -> None:
     manager.restore_events(newer)
     manager.restore_events(taken)
     assert manager.take_events() == taken + newer
+
+
+def test_a_u32_array_prompt_is_copied_not_kept() -> None:
+    """The engine hands prompts over as ``u32`` arrays, which skip the per-token check:
+    the manager must still own its copy."""
+    manager = make()
+    prompt = array(TOKEN_TYPECODE, range(10))
+    manager.add_request("a", prompt)
+    prompt[0] = 99
+    prompt.append(10)
+    assert manager.num_tokens("a") == 10
+    assert manager.block_hashes("a") == block_hashes(list(range(10)), BS)
 
 
 def test_new_tokens_on_an_allocation_are_appending_them_first() -> None:

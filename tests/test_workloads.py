@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvpool.errors import KvpoolError, PoolError, TraceError
+from kvpool.hashing import TOKEN_TYPECODE
 from kvpool.workloads import (
     MooncakeTrace,
     RequestSpec,
@@ -53,6 +54,20 @@ def test_request_spec_concatenates_its_segments() -> None:
     assert spec.input_length == 5
     assert spec.output_length == 4
     assert spec.prompt_token_ids() == [10, 11, 12, 100, 101]
+
+
+def test_prompt_token_arrays_are_u32_copies_of_the_prompt() -> None:
+    """The engine's form of the prompt: segments come from a shared cache, so a caller
+    changing its array must not change the next prompt that shares a segment."""
+    spec = RequestSpec("r", 0.0, (Segment(2**32 - 1, 2), Segment(5, 3)), Segment(7, 1))
+    tokens = spec.prompt_token_array()
+    assert tokens.typecode == TOKEN_TYPECODE
+    assert tokens.tolist() == spec.prompt_token_ids() == [2**32 - 1, 0, 5, 6, 7]
+    tokens[0] = 1
+    tokens.append(9)
+    again = RequestSpec("s", 0.0, (Segment(5, 3),), Segment(7, 1)).prompt_token_array()
+    assert again.tolist() == [5, 6, 7]
+    assert spec.prompt_token_array().tolist() == [2**32 - 1, 0, 5, 6, 7]
 
 
 @pytest.mark.parametrize(

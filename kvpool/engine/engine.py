@@ -239,7 +239,7 @@ class MockEngine:
             self.rejected_ids.append(spec.request_id)
             stats.requests.append(EngineRequest(spec, arrived).record(self.rank, rejected=True))
             return False
-        cost = await self.kv.add_request(spec.request_id, spec.prompt_token_ids())
+        cost = await self.kv.add_request(spec.request_id, spec.prompt_token_array())
         stats.submitted += 1
         if not self.waiting and self.config.enable_prefix_caching:
             self._head_cost = (spec.request_id, cost)  # the new head; the cache is as it was

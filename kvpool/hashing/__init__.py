@@ -5,6 +5,7 @@ See `kvpool.hashing.block_hash` for the exact byte layout of both hashes.
 
 from kvpool.hashing.block_hash import (
     BLOCK_HASH_SEED,
+    TOKEN_TYPECODE,
     block_hashes,
     local_block_hash,
     local_block_hashes,
@@ -15,6 +16,7 @@ from kvpool.hashing.hasher import BlockHasher
 __all__ = [
     "BLOCK_HASH_SEED",
     "BlockHasher",
+    "TOKEN_TYPECODE",
     "block_hashes",
     "local_block_hash",
     "local_block_hashes",

@@ -22,7 +22,10 @@ def check_request_id(request_id: object) -> str:
 def check_tokens(token_ids: Sequence[int]) -> array[int]:
     """Copy ``token_ids`` into a ``u32`` array, raising `InvalidArgumentError` unless each
     is an int in ``[0, 2**32)``; any run of them is accepted as the pool accepts hashes
-    (`kvpool.pool.items`). The C-level conversion checks every token at once."""
+    (`kvpool.pool.items`). The C-level conversion checks every token at once; a ``u32``
+    array needs no check and is copied whole."""
+    if type(token_ids) is array and token_ids.typecode == TOKEN_TYPECODE:
+        return array(TOKEN_TYPECODE, token_ids)
     try:
         return array(TOKEN_TYPECODE, as_list(token_ids, "token ids"))
     except (OverflowError, TypeError, InvalidArgumentError):

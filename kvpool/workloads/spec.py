@@ -8,8 +8,12 @@ a trace of thousands of long prompts never sits in memory as token lists.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
+
+from kvpool.hashing import TOKEN_TYPECODE
 
 _TOKEN_MASK = (1 << 32) - 1
 _U64 = (1 << 64) - 1
@@ -84,7 +88,22 @@ class RequestSpec:
 
     def prompt_token_ids(self) -> list[int]:
         """The prompt's token ids, built now (a fresh list each call)."""
-        tokens: list[int] = []
+        return self.prompt_token_array().tolist()
+
+    def prompt_token_array(self) -> array[int]:
+        """The prompt's token ids as a fresh ``u32`` array (`TOKEN_TYPECODE`): what the
+        engine hands the KV manager, copied from each segment's cached array."""
+        tokens = array(TOKEN_TYPECODE)
         for segment in self.prompt:
-            tokens.extend(segment.tokens())
+            tokens.extend(_segment_array(segment))
         return tokens
+
+
+@lru_cache(maxsize=8192)
+def _segment_array(segment: Segment) -> array[int]:
+    """A segment's tokens as a ``u32`` array, shared: callers copy it, never change it.
+
+    Prompts of a trace repeat their segments (a conversation's history, a system
+    prompt); 8,192 of the longest Mooncake segments (512 tokens) hold 16 MiB.
+    """
+    return array(TOKEN_TYPECODE, segment.tokens())
