@@ -15,12 +15,14 @@ from kvpool.errors import InvalidArgumentError, InvalidHashError
 from kvpool.hashing import (
     BLOCK_HASH_SEED,
     BlockHasher,
+    ChunkMemo,
     block_hashes,
     local_block_hash,
     local_block_hashes,
     sequence_hash,
 )
 from kvpool.hashing import block_hash as block_hash_module
+from kvpool.hashing import memo as memo_module
 
 # Dynamo's compute_block_hash_for_seq on tokens 0..31, block size 16 (see NOTES.md).
 DYNAMO_GOLDEN_LOCAL = [15310707395893867146, 15292316782987903195]
@@ -213,3 +215,77 @@ def test_block_hasher_bad_token_changes_nothing() -> None:
         hasher.extend([6, 7, -1, 8])
     assert (list(hasher.hashes), hasher.num_tokens, hasher.tail_len) == before
     assert hasher.extend([6, 7, 8]) == block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)[1:]
+
+
+@given(
+    shared=st.lists(st.integers(0, U32_MAX), max_size=60),
+    tails=st.lists(st.lists(st.integers(0, U32_MAX), max_size=30), min_size=1, max_size=5),
+    block_size=st.integers(1, 5),
+    chunk_blocks=st.integers(1, 4),
+    max_entries=st.integers(1, 6),
+    cuts=st.lists(st.integers(0, 90), max_size=4),
+)
+def test_hashers_sharing_a_memo_equal_hashing_everything_at_once(
+    shared: list[int],
+    tails: list[list[int]],
+    block_size: int,
+    chunk_blocks: int,
+    max_entries: int,
+    cuts: list[int],
+) -> None:
+    """Sequences that share a prefix, fed in pieces through one small memo (so entries
+    are hit, missed and dropped), get exactly the hashes computed the long way."""
+    memo = ChunkMemo(block_size, chunk_blocks=chunk_blocks, max_entries=max_entries)
+    for tail in tails:
+        tokens = shared + tail
+        hasher = BlockHasher(block_size, memo=memo)
+        bounds = [0, *sorted(c for c in cuts if c <= len(tokens)), len(tokens)]
+        for lo, hi in pairwise(bounds):
+            hasher.extend(tokens[lo:hi])
+        assert hasher.hashes == reference_chain(tokens, block_size)
+        assert len(memo) <= max_entries
+
+
+def test_a_repeated_prefix_is_looked_up_not_hashed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    memo = ChunkMemo(4, chunk_blocks=2)
+    first = BlockHasher(4, memo=memo)
+    first.extend(range(20))  # blocks 0-4: chunks [0, 2) and [2, 4), then block 4 alone
+    assert len(memo) == 2
+    hashed: list[int] = []
+    real = memo_module.hash_packed_blocks
+
+    def counting(packed: bytes | memoryview, block_size: int, parent: int | None) -> list[int]:
+        hashed.append(len(packed) // (4 * block_size))
+        return real(packed, block_size, parent)
+
+    monkeypatch.setattr(memo_module, "hash_packed_blocks", counting)
+    second = BlockHasher(4, memo=memo)
+    second.extend(range(16))
+    assert second.hashes == first.hashes[:4]
+    assert hashed == []  # both chunks came from the memo
+    second.extend([7, 7, 7, 7, 8, 8, 8, 8])  # block 4 then 5: chunk [4, 6) is new
+    assert hashed == [2]
+    assert second.hashes == reference_chain([*range(16), 7, 7, 7, 7, 8, 8, 8, 8], 4)
+
+
+def test_a_memo_forgets_its_oldest_chunk_first() -> None:
+    memo = ChunkMemo(2, chunk_blocks=1, max_entries=2)
+    BlockHasher(2, memo=memo).extend([1, 2, 3, 4, 5, 6])
+    assert len(memo) == 2
+    assert BlockHasher(2, memo=memo).extend([1, 2, 3, 4, 5, 6]) == reference_chain(
+        [1, 2, 3, 4, 5, 6], 2
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"chunk_blocks": 0}, {"max_entries": 0}, {"chunk_blocks": 1.0}, {"max_entries": True}],
+)
+def test_bad_memo_arguments_raise_invalid_argument(kwargs: dict[str, object]) -> None:
+    with pytest.raises(InvalidArgumentError):
+        ChunkMemo(4, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_memo_of_another_block_size_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="4-token blocks, not 8"):
+        BlockHasher(8, memo=ChunkMemo(4))

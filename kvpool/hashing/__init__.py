@@ -12,10 +12,12 @@ from kvpool.hashing.block_hash import (
     sequence_hash,
 )
 from kvpool.hashing.hasher import BlockHasher
+from kvpool.hashing.memo import ChunkMemo
 
 __all__ = [
     "BLOCK_HASH_SEED",
     "BlockHasher",
+    "ChunkMemo",
     "TOKEN_TYPECODE",
     "block_hashes",
     "local_block_hash",

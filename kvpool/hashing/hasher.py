@@ -2,19 +2,22 @@
 
 A request's prompt is hashed once and each decode step adds a token or a few; re-hashing
 the whole sequence every step would be quadratic. `BlockHasher` keeps the unfinished tail
-and the last sequence hash, so each token is packed and hashed exactly once.
+and the last sequence hash, so each token is packed and hashed exactly once; with a
+`ChunkMemo`, whole chunks another sequence already hashed are looked up instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvpool.errors import InvalidArgumentError
 from kvpool.hashing.block_hash import (
     check_block_size,
     check_parent,
     hash_packed_blocks,
     pack_tokens,
 )
+from kvpool.hashing.memo import ChunkMemo
 
 
 class BlockHasher:
@@ -24,16 +27,24 @@ class BlockHasher:
     equals ``block_hashes(all tokens so far, block_size, parent)``.
     """
 
-    __slots__ = ("_block_size", "_hashes", "_last", "_num_tokens", "_parent", "_tail")
+    __slots__ = ("_block_size", "_hashes", "_last", "_memo", "_num_tokens", "_parent", "_tail")
 
-    def __init__(self, block_size: int, parent: int | None = None) -> None:
-        """Start an empty sequence; ``parent`` chains it after an existing block's hash.
+    def __init__(
+        self, block_size: int, parent: int | None = None, *, memo: ChunkMemo | None = None
+    ) -> None:
+        """Start an empty sequence; ``parent`` chains it after an existing block's hash;
+        ``memo`` (of the same ``block_size``) remembers whole chunks across hashers.
 
-        Raises `InvalidArgumentError` for a bad ``block_size``, `InvalidHashError` for a
-        bad ``parent``.
+        Raises `InvalidArgumentError` for a bad ``block_size`` or a memo of another
+        block size, `InvalidHashError` for a bad ``parent``.
         """
         check_block_size(block_size)
         check_parent(parent)
+        if memo is not None and memo.block_size != block_size:
+            raise InvalidArgumentError(
+                f"the memo hashes {memo.block_size}-token blocks, not {block_size}"
+            )
+        self._memo = memo
         self._block_size = block_size
         self._parent = parent
         self._last = parent  # sequence hash of the last full block (or the parent)
@@ -80,10 +91,36 @@ class BlockHasher:
             return []
         data = self._tail + packed if self._tail else packed
         full = len(data) - len(data) % stride
-        new = hash_packed_blocks(memoryview(data)[:full], self._block_size, self._last)
+        view = memoryview(data)[:full]
+        memo = self._memo
+        if memo is None or full < memo.chunk_blocks * stride:
+            new = hash_packed_blocks(view, self._block_size, self._last)
+        else:
+            new = self._hash_chunked(view, memo)
         self._tail = bytearray(data[full:])
         self._last = new[-1]
         self._hashes.extend(new)
+        return new
+
+    def _hash_chunked(self, view: memoryview, memo: ChunkMemo) -> list[int]:
+        """The hashes of the full blocks in ``view``, which follow the ones hashed so far:
+        up to the next chunk boundary one by one, then whole chunks from the memo, then
+        the rest one by one."""
+        bs = self._block_size
+        stride = bs * 4
+        chunk = memo.chunk_blocks * stride
+        skip = (-len(self._hashes) % memo.chunk_blocks) * stride
+        new = hash_packed_blocks(view[:skip], bs, self._last) if skip else []
+        parent = new[-1] if new else self._last
+        pos = skip
+        full = len(view)
+        while pos + chunk <= full:
+            hashes = memo.chunk_hashes(view[pos : pos + chunk], parent)
+            new.extend(hashes)
+            parent = hashes[-1]
+            pos += chunk
+        if pos < full:
+            new.extend(hash_packed_blocks(view[pos:], bs, parent))
         return new
 
     def __repr__(self) -> str:

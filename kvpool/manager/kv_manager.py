@@ -42,7 +42,7 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
-from kvpool.hashing import BlockHasher
+from kvpool.hashing import BlockHasher, ChunkMemo
 from kvpool.manager.request import RequestState
 from kvpool.manager.types import (
     Allocation,
@@ -77,6 +77,7 @@ class KvManager:
         "_events",
         "_hit_tokens",
         "_medium",
+        "_memo",
         "_pool",
         "_preemptions",
         "_query_tokens",
@@ -105,6 +106,9 @@ class KvManager:
         self._block_size = block_size
         self._caching = enable_prefix_caching
         self._medium = medium
+        # Shared by every request's hasher: a prompt that repeats another's prefix is
+        # looked up chunk by chunk, not hashed again (`kvpool.hashing.memo`).
+        self._memo = ChunkMemo(block_size) if enable_prefix_caching else None
         self._requests: dict[str, RequestState] = {}
         self._events: list[KVEvent] = []
         self._query_tokens = 0
@@ -153,7 +157,8 @@ class KvManager:
         tokens = check_tokens(prompt_token_ids)
         if request_id in self._requests:
             raise DuplicateRequestError(f"request {request_id!r} is already registered")
-        state = RequestState(BlockHasher(self._block_size) if self._caching else None)
+        hasher = BlockHasher(self._block_size, memo=self._memo) if self._caching else None
+        state = RequestState(hasher)
         state.extend(tokens)
         self._requests[request_id] = state
         return self.prefill_cost(request_id)
