@@ -85,6 +85,7 @@ from kvpool.engine.stepping import (
     CrossingJump,
     apply_jump,
     apply_step,
+    decode_growth,
     decode_work,
     plan_crossing,
     plan_jump,
@@ -342,24 +343,25 @@ class MockEngine:
         waiting = self.waiting
         admits = waiting and budget > 0 and n < config.max_num_seqs
         if cross_boundaries:
-            plan = self._plan_crossing(until, _UNBOUNDED)
-            if not plan.taken:
+            # Planned only once the first step is known to be one the jump may take:
+            # a plan the head's admission then refuses would be thrown away whole.
+            growing = decode_growth(running, bs)
+            if growing < 0 or self._num_active + growing > config.num_gpu_blocks:
                 return 0
-            if not admits:
-                return await self._cross(plan, until, None, None)
-            # The head's admission is asked after the step's allocations: with the
-            # blocks the next step's growth takes, and (prefix caching) at a cost the
-            # jump watches, stopping at the step that changes it.
-            head = waiting[0]
-            cost = self._known_cost(head.request_id)
-            if caching and cost is None:
-                cost = await self.kv.prefill_cost(head.request_id)
-            growing = 0
-            if plan.groups and not plan.group_steps[0]:
-                growing = plan.group_active[0] - self._num_active
-            if await self._admission(head, budget, cost, growing) is not None:
-                return 0  # the next step admits the head of the queue
-            return await self._cross(plan, until, head, cost)
+            head: EngineRequest | None = None
+            cost: PrefillCost | None = None
+            if admits:
+                # The head's admission is asked after the step's allocations: with the
+                # blocks the next step's growth takes, and (prefix caching) at a cost
+                # the jump watches, stopping at the step that changes it.
+                head = waiting[0]
+                cost = self._known_cost(head.request_id)
+                if caching and cost is None:
+                    cost = await self.kv.prefill_cost(head.request_id)
+                if await self._admission(head, budget, cost, growing) is not None:
+                    return 0  # the next step admits the head of the queue
+            plan = self._plan_crossing(until, _UNBOUNDED)
+            return await self._cross(plan, until, head, cost) if plan.taken else 0
         steps, context = plan_jump(running, bs, caching)
         if not steps:
             return 0

@@ -207,6 +207,23 @@ def plan_jump(running: list[EngineRequest], block_size: int, caching: bool) -> t
     return max(steps, 0), context
 
 
+def decode_growth(running: list[EngineRequest], block_size: int) -> int:
+    """How many tables grow in the next step if it is a pure decode step in which no
+    request samples its last token (each growth takes one fresh block); -1 if it is not
+    one. `plan_crossing` plans no step exactly when this is -1 or the growths do not
+    fit, so a caller that may not jump for another reason asks this first."""
+    grows = 0
+    for request in running:
+        tokens = request.num_tokens
+        if not request.num_output or request.num_computed + 1 != tokens:
+            return -1
+        if request.spec.output.length - request.num_output - 1 <= 0:
+            return -1
+        if request.num_blocks * block_size - tokens + 1 == 0:
+            grows += 1
+    return grows
+
+
 def apply_jump(
     running: list[EngineRequest], stats: EngineStats, taken: int, first_end: float, end: float
 ) -> None:
