@@ -9,10 +9,10 @@ Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV ev
   the request's last token is computed: at most ``(len(tokens) - 1) // block_size``
   blocks (vLLM's ``max_cache_hit_length = num_tokens - 1``).
   Later allocations take only fresh blocks; the API has no way to pass a prefix to them.
-- An allocation is ``reserve(prefix, fresh)``, one BlockRemoved event for the hashes the
-  reserve evicted, ``activate_prefix``, ``allocate_private`` per fresh block, then
-  ``cancel`` of the now-empty reservation. When the blocks do not fit it returns None and
-  changes nothing (no event, no counter).
+- An allocation is the pool's ``admit(prefix, fresh)`` (what ``reserve(prefix, fresh)``,
+  ``activate_prefix``, ``allocate_private`` per fresh block and ``cancel`` do, in one
+  call), then one BlockRemoved event for the hashes it evicted. When the blocks do not
+  fit it returns None and changes nothing (no event, no counter).
 - ``mark_computed`` moves the visibility watermark: a full block is ``cache_private``'d
   only once the computed-token count covers it whole, so a partial tail is promoted when
   it fills, and over-allocated future blocks stay private. ``allocate(..., cache=True)``
@@ -336,7 +336,9 @@ class KvManager:
         """`allocate_steps`' checks of one step's slots, before anything changes;
         ``earlier`` (request id -> tokens appended by earlier steps' slots) grows by
         this step's."""
-        if not isinstance(slots, Sequence) or isinstance(slots, (str, bytes)):
+        if type(slots) is not list and (
+            not isinstance(slots, Sequence) or isinstance(slots, (str, bytes))
+        ):
             raise InvalidArgumentError(f"slots must be a sequence of SlotRequest, got {slots!r}")
         checked: list[tuple[RequestState, int, array[int] | None, int]] = []
         seen: set[str] = set()
@@ -405,18 +407,20 @@ class KvManager:
         if fresh <= 0 and not prefix:  # an empty table asked for 0 tokens: nothing to do
             return Allocation([], 0, [])
 
-        pool = self._pool
-        outcome = pool.reserve(prefix, fresh)
-        if outcome is None:
+        # One pool call: the prefix (resident: looked up in this same call) referenced,
+        # then `fresh` private copies, evicting as reserve-then-allocate would.
+        admission = self._pool.admit(prefix, fresh)
+        if admission is None:
             return None
-        reservation = outcome.reservation
-        removed = outcome.removed
+        if admission.cached != len(prefix):
+            raise InvariantViolationError(
+                f"a prefix of {len(prefix)} blocks looked up in this call had "
+                f"{admission.cached} resident"
+            )
+        removed = admission.removed
         if removed:
             self._events.append(BlockRemoved(block_hashes=list(removed), medium=self._medium))
-        new_ids = pool.activate_prefix(reservation)
-        for _ in range(fresh):
-            new_ids.append(pool.allocate_private(reservation))
-        pool.cancel(reservation)  # empty by now: returns nothing, only closes it
+        new_ids = admission.blocks
 
         if not table:
             if self._caching:  # as vLLM, no prefix-cache stats without a prefix cache
@@ -427,7 +431,7 @@ class KvManager:
         table.extend(new_ids)
         if cache:
             self._advance(state, num_tokens)
-        return Allocation(new_ids, len(prefix), list(removed))
+        return Allocation(new_ids, len(prefix), removed)
 
     def undo_allocation(self, request_id: str, allocation: Allocation) -> bool:
         """Give back what `allocate` added, leaf first: the hook for a caller that never
@@ -682,13 +686,21 @@ class KvManager:
             state.visible = full
 
     def _promote(self, state: RequestState, start: int, stop: int) -> None:
-        """Cache table blocks ``[start, stop)`` and queue Stored events for new hashes."""
-        cache = self._pool.cache_private
+        """Cache table blocks ``[start, stop)`` and queue Stored events for new hashes:
+        one event per run of blocks whose hash had no resident copy."""
         table = state.table
         hashes = state.hashes
+        if stop - start == 1:  # a decode step filling its block: the common case
+            if self._pool.cache_private(table[start], hashes[start]):
+                self._stored(state, start, stop)
+            return
+        first = self._pool.cache_many(list(zip(table[start:stop], hashes[start:stop], strict=True)))
+        if all(first):
+            self._stored(state, start, stop)
+            return
         run_start = -1
-        for i in range(start, stop):
-            if cache(table[i], hashes[i]):
+        for i, new in enumerate(first, start):
+            if new:
                 if run_start < 0:
                     run_start = i
             elif run_start >= 0:
