@@ -25,6 +25,7 @@ from kvpool.events import (
     decode_batch,
     encode_batch,
 )
+from kvpool.events import types as event_types
 from kvpool.events.codec import decode_array_batch
 
 
@@ -389,3 +390,22 @@ def test_array_format_shape_is_positional_events() -> None:
 def test_malformed_payloads_raise_decode_error(payload: bytes) -> None:
     with pytest.raises(msgspec.DecodeError):
         decode_batch(payload)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [(BlockStored, name) for name in event_types._STORED_OPTIONAL]
+    + [(BlockRemoved, name) for name in event_types._REMOVED_OPTIONAL],
+)
+def test_an_explicit_none_in_any_optional_field_is_omitted_as_vllm_omits_it(
+    kind: type[BlockStored] | type[BlockRemoved], name: str
+) -> None:
+    """Each optional field on its own: the event's one-test fast path must see every one."""
+    base: dict[str, Any] = {"block_hashes": [1, 2]}
+    if kind is BlockStored:
+        base |= {"parent_block_hash": None, "token_ids": [7, 8], "block_size": 1}
+    event = kind(**base, **{name: None})
+    assert getattr(event, name) is msgspec.UNSET
+    assert event == kind(**base)
+    batch = KVEventBatch(ts=1.0, events=[event])
+    assert encode_batch(batch) == vllm_encoder.encode(pair(batch))

@@ -85,7 +85,17 @@ class BlockStored(KVCacheEvent, omit_defaults=False, frozen=True):
     lookahead_token_ids: list[list[int]] | UnsetType | None = UNSET
 
     def __post_init__(self) -> None:
-        _omit_none(self, _STORED_OPTIONAL)
+        if (  # the common case, all UNSET, in one test (events are built per step)
+            self.extra_keys is None
+            or self.group_idx is None
+            or self.kv_cache_spec_kind is None
+            or self.kv_cache_spec_sliding_window is None
+            or self.locality is None
+            or self.ownership is None
+            or self.session_id is None
+            or self.lookahead_token_ids is None
+        ):
+            _omit_none(self, _STORED_OPTIONAL)
 
 
 class BlockRemoved(KVCacheEvent, omit_defaults=False, frozen=True):
@@ -98,7 +108,8 @@ class BlockRemoved(KVCacheEvent, omit_defaults=False, frozen=True):
     ownership: str | UnsetType | None = UNSET
 
     def __post_init__(self) -> None:
-        _omit_none(self, _REMOVED_OPTIONAL)
+        if self.group_idx is None or self.locality is None or self.ownership is None:
+            _omit_none(self, _REMOVED_OPTIONAL)
 
 
 class AllBlocksCleared(KVCacheEvent, frozen=True):

@@ -295,7 +295,11 @@ class KvManager:
         ``stop_if_cost_changes`` without a probe or not a `PrefillCost`, before anything
         changes.
         """
-        if not isinstance(steps, Sequence) or isinstance(steps, (str, bytes)) or not steps:
+        if type(steps) is not list and (
+            not isinstance(steps, Sequence) or isinstance(steps, (str, bytes))
+        ):
+            steps = ()  # refused just below
+        if not steps:
             raise InvalidArgumentError(
                 f"steps must be a non-empty sequence of sequences of SlotRequest, got {steps!r}"
             )
@@ -342,15 +346,17 @@ class KvManager:
             raise InvalidArgumentError(f"slots must be a sequence of SlotRequest, got {slots!r}")
         checked: list[tuple[RequestState, int, array[int] | None, int]] = []
         seen: set[str] = set()
+        several = len(slots) > 1  # one slot cannot name its request twice
         for slot in slots:
             if type(slot) is not SlotRequest:
                 raise InvalidArgumentError(f"expected a SlotRequest, got {slot!r}")
             request_id = slot.request_id
-            if request_id in seen:
-                raise InvalidArgumentError(
-                    f"request {request_id!r} appears twice in one step's allocations"
-                )
-            seen.add(request_id)
+            if several:
+                if request_id in seen:
+                    raise InvalidArgumentError(
+                        f"request {request_id!r} appears twice in one step's allocations"
+                    )
+                seen.add(request_id)
             before = earlier.get(request_id, 0) if earlier else 0
             state, appended, needed = self._check_allocation(
                 request_id, slot.num_tokens, slot.new_tokens, before
