@@ -1,5 +1,6 @@
-"""Build hook: compile the block-pool core and the engine's per-request step bookkeeping
-with mypyc (2-3x cheaper pool calls; see benchmarks/README.md for the engine's gain).
+"""Build hook: compile the block-pool core, the request-level KV manager and the engine's
+per-request step bookkeeping with mypyc (2-3x cheaper pool calls; see
+benchmarks/README.md for the manager's and the engine's gain).
 
 Set KVPOOL_PURE_PYTHON=1 to skip compilation; the same modules then run interpreted.
 All other packaging metadata lives in pyproject.toml.
@@ -16,6 +17,9 @@ CORE = [
     "kvpool/engine/metrics.py",
     "kvpool/engine/request.py",
     "kvpool/engine/stepping.py",
+    "kvpool/manager/kv_manager.py",
+    "kvpool/manager/request.py",
+    "kvpool/manager/validation.py",
 ]
 
 ext_modules = []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvpool.manager.kv_manager import KvManager
 from kvpool.manager.types import (
     Allocation,
     ManagerStats,
@@ -22,7 +21,10 @@ from kvpool.manager.types import (
 )
 
 if TYPE_CHECKING:
+    from kvpool.manager._api import KvManager
     from kvpool.manager.client import ManagerClient, open_manager
+else:
+    from kvpool.manager.kv_manager import KvManager
 
 __all__ = [
     "Allocation",

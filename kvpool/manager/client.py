@@ -27,8 +27,8 @@ import anyio.lowlevel
 from kvpool.actors import Actor, open_actor
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import KVEvent, KVEventBatch
+from kvpool.manager import KvManager
 from kvpool.manager.handlers import ManagerHandlers
-from kvpool.manager.kv_manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,

@@ -26,7 +26,7 @@ from typing import Any
 
 from kvpool.actors import WAIT, Handler, Wait
 from kvpool.errors import InvalidArgumentError
-from kvpool.manager.kv_manager import KvManager
+from kvpool.manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,

@@ -25,12 +25,17 @@ Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV ev
 - Preemption and completion release the table leaf first, so the leaf is evicted first.
 - With ``enable_prefix_caching=False`` nothing is hashed, reused or cached: every block
   stays private, no event is ever queued, and no prefix hit is counted (queries are).
+
+Compiled with mypyc as the pool core is (setup.py), with its validated parameters typed
+``object`` for the reason `kvpool.pool.block_pool` gives; ``_api.pyi`` declares the
+precise signatures type checkers read.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 from kvpool.errors import (
     CapacityError,
@@ -87,10 +92,10 @@ class KvManager:
     def __init__(
         self,
         pool: BlockPool,
-        block_size: int,
+        block_size: object,
         *,
-        enable_prefix_caching: bool = True,
-        medium: str | None = "GPU",
+        enable_prefix_caching: object = True,
+        medium: object = "GPU",
     ) -> None:
         if not isinstance(pool, BlockPool):
             raise InvalidArgumentError(f"pool must be a BlockPool, got {pool!r}")
@@ -145,7 +150,7 @@ class KvManager:
 
     # ---------------------------------------------------------------- requests
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillCost:
+    def add_request(self, request_id: object, prompt_token_ids: Sequence[int]) -> PrefillCost:
         """Register a request and its prompt; it holds no block until `allocate`.
         Returns its `prefill_cost` now (a scheduler's first question about a new
         request, answered in the same call).
@@ -153,17 +158,17 @@ class KvManager:
         Raises `DuplicateRequestError` if ``request_id`` is registered, and
         `InvalidArgumentError` for an id that is not a str or a token outside u32.
         """
-        check_request_id(request_id)
+        rid = check_request_id(request_id)
         tokens = check_tokens(prompt_token_ids)
-        if request_id in self._requests:
-            raise DuplicateRequestError(f"request {request_id!r} is already registered")
+        if rid in self._requests:
+            raise DuplicateRequestError(f"request {rid!r} is already registered")
         hasher = BlockHasher(self._block_size, memo=self._memo) if self._caching else None
         state = RequestState(hasher)
         state.extend(tokens)
-        self._requests[request_id] = state
-        return self.prefill_cost(request_id)
+        self._requests[rid] = state
+        return self.prefill_cost(rid)
 
-    def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
+    def append_tokens(self, request_id: object, token_ids: Sequence[int]) -> None:
         """Append (decoded) tokens to a request, hashing the blocks they complete.
 
         Raises `UnknownRequestError` or `InvalidArgumentError`.
@@ -171,16 +176,16 @@ class KvManager:
         state = self._get(request_id)
         state.extend(check_tokens(token_ids))
 
-    def free(self, request_id: str) -> None:
+    def free(self, request_id: object) -> None:
         """Completion: release the request's blocks leaf first and forget the request.
 
         Raises `UnknownRequestError` if it is not registered (a double free included).
         """
         state = self._get(request_id)
         self._release_table(state)
-        del self._requests[request_id]
+        del self._requests[cast(str, request_id)]  # _get found it: a registered str
 
-    def preempt(self, request_id: str) -> None:
+    def preempt(self, request_id: object) -> None:
         """Preemption: release the blocks leaf first but keep the request and its tokens.
 
         Its computed count drops to 0 and its next allocation is a first allocation
@@ -195,7 +200,7 @@ class KvManager:
 
     # -------------------------------------------------------------- allocation
 
-    def prefill_cost(self, request_id: str) -> PrefillCost:
+    def prefill_cost(self, request_id: object) -> PrefillCost:
         """What the request's next allocation of all its tokens would need now.
 
         For a request holding no block: the prefix the first allocation would reuse
@@ -214,10 +219,10 @@ class KvManager:
 
     def allocate(
         self,
-        request_id: str,
-        num_tokens: int,
+        request_id: object,
+        num_tokens: object,
         *,
-        cache: bool = False,
+        cache: object = False,
         new_tokens: Sequence[int] = (),
     ) -> Allocation | None:
         """Grow the request's table to hold ``num_tokens`` tokens.
@@ -244,21 +249,19 @@ class KvManager:
         `CapacityError` when the table would need more blocks than the whole pool holds
         (it can never fit); every error is raised before anything changes.
         """
-        state, appended, needed = self._check_allocation(request_id, num_tokens, new_tokens)
+        state, count, appended, needed = self._check_allocation(request_id, num_tokens, new_tokens)
         if type(cache) is not bool:
             raise InvalidArgumentError(f"cache must be a bool, got {cache!r}")
-        return self._grow(state, num_tokens, needed, appended, cache)
+        return self._grow(state, count, needed, appended, cache)
 
-    def allocate_step(
-        self, slots: Sequence[SlotRequest], probe: str | None = None
-    ) -> StepAllocations:
+    def allocate_step(self, slots: Sequence[SlotRequest], probe: object = None) -> StepAllocations:
         """One step's allocations: `allocate_steps` of ``[slots]``, its one result."""
         return self.allocate_steps([slots], probe)[0]
 
     def allocate_steps(
         self,
         steps: Sequence[Sequence[SlotRequest]],
-        probe: str | None = None,
+        probe: object = None,
         *,
         stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
@@ -358,23 +361,22 @@ class KvManager:
                     )
                 seen.add(request_id)
             before = earlier.get(request_id, 0) if earlier else 0
-            state, appended, needed = self._check_allocation(
+            state, count, appended, needed = self._check_allocation(
                 request_id, slot.num_tokens, slot.new_tokens, before
             )
             if appended is not None:
                 earlier[request_id] = before + len(appended)
-            checked.append((state, slot.num_tokens, appended, needed))
+            checked.append((state, count, appended, needed))
         return checked
 
     def _check_allocation(
-        self, request_id: str, num_tokens: int, new_tokens: Sequence[int], earlier: int = 0
-    ) -> tuple[RequestState, array[int] | None, int]:
-        """`allocate`'s checks, before anything changes: the request's state, the
-        ``new_tokens`` to append (None: none), the blocks ``num_tokens`` needs;
+        self, request_id: object, num_tokens: object, new_tokens: Sequence[int], earlier: int = 0
+    ) -> tuple[RequestState, int, array[int] | None, int]:
+        """`allocate`'s checks, before anything changes: the request's state, the token
+        count, the ``new_tokens`` to append (None: none), the blocks the count needs;
         ``earlier`` tokens will have been appended first (`allocate_steps`)."""
         state = self._get(request_id)
-        if type(num_tokens) is not int or num_tokens < 0:
-            check_count(num_tokens, "num_tokens")
+        num_tokens = check_count(num_tokens, "num_tokens")
         appended = None if new_tokens == () or new_tokens == [] else check_tokens(new_tokens)
         total = len(state.tokens) + earlier + (len(appended) if appended is not None else 0)
         if num_tokens > total:
@@ -389,7 +391,7 @@ class KvManager:
                 f"request {request_id!r} needs {needed} blocks; the pool holds "
                 f"{self._pool.capacity}"
             )
-        return state, appended, needed
+        return state, num_tokens, appended, needed
 
     def _grow(
         self,
@@ -439,7 +441,7 @@ class KvManager:
             self._advance(state, num_tokens)
         return Allocation(new_ids, len(prefix), removed)
 
-    def undo_allocation(self, request_id: str, allocation: Allocation) -> bool:
+    def undo_allocation(self, request_id: object, allocation: Allocation) -> bool:
         """Give back what `allocate` added, leaf first: the hook for a caller that never
         saw the allocation (the actor's cancellation contract).
 
@@ -457,10 +459,10 @@ class KvManager:
         and the LRU position of a reused prefix (it re-enters at the tail, leaf first).
         Raises `InvalidArgumentError` for a bad request id or allocation.
         """
-        check_request_id(request_id)
+        rid = check_request_id(request_id)
         if type(allocation) is not Allocation:
             raise InvalidArgumentError(f"expected an Allocation, got {allocation!r}")
-        state = self._requests.get(request_id)
+        state = self._requests.get(rid)
         ids = allocation.block_ids
         if not ids:
             return True
@@ -473,7 +475,7 @@ class KvManager:
             state.visible = state.computed // self._block_size
         return True
 
-    def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
+    def mark_computed(self, request_id: object, num_computed_tokens: object) -> None:
         """Record the scheduler's computed-token count and publish the full blocks it covers.
 
         Every table block the count covers whole becomes cache-visible; a BlockStored
@@ -482,9 +484,7 @@ class KvManager:
         the count goes backwards or exceeds the request's tokens or its blocks' slots.
         """
         state = self._get(request_id)
-        computed = num_computed_tokens
-        if type(computed) is not int or computed < 0:
-            check_count(computed, "num_computed_tokens")
+        computed = check_count(num_computed_tokens, "num_computed_tokens")
         if computed < state.computed:
             raise TokenCountError(
                 f"request {request_id!r} has {state.computed} computed tokens; "
@@ -509,23 +509,23 @@ class KvManager:
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._requests))
 
-    def num_blocks(self, request_id: str) -> int:
+    def num_blocks(self, request_id: object) -> int:
         """Blocks in the request's table. Raises `UnknownRequestError`."""
         return len(self._get(request_id).table)
 
-    def block_table(self, request_id: str) -> list[BlockId]:
+    def block_table(self, request_id: object) -> list[BlockId]:
         """A copy of the request's block ids, root first. Raises `UnknownRequestError`."""
         return list(self._get(request_id).table)
 
-    def num_tokens(self, request_id: str) -> int:
+    def num_tokens(self, request_id: object) -> int:
         """Tokens the request has (prompt plus appended). Raises `UnknownRequestError`."""
         return len(self._get(request_id).tokens)
 
-    def num_computed_tokens(self, request_id: str) -> int:
+    def num_computed_tokens(self, request_id: object) -> int:
         """The request's computed-token count. Raises `UnknownRequestError`."""
         return self._get(request_id).computed
 
-    def block_hashes(self, request_id: str) -> list[int]:
+    def block_hashes(self, request_id: object) -> list[int]:
         """Sequence hashes of the request's full blocks ([] with prefix caching off)."""
         return list(self._get(request_id).hashes)
 
@@ -599,7 +599,7 @@ class KvManager:
         if events:
             self._events[:0] = events
 
-    def take_batch(self, ts: float, data_parallel_rank: int | None = None) -> KVEventBatch | None:
+    def take_batch(self, ts: object, data_parallel_rank: object = None) -> KVEventBatch | None:
         """Drain the queued events into one `KVEventBatch`, or None if there are none.
 
         ``ts`` must be a finite float (an int is taken) and ``data_parallel_rank`` None or
@@ -607,17 +607,16 @@ class KvManager:
         (`InvalidArgumentError`) loses no event.
         """
         stamp = check_timestamp(ts)
-        if data_parallel_rank is not None:
-            check_count(data_parallel_rank, "data_parallel_rank")
+        rank = data_parallel_rank
+        if rank is not None:
+            rank = check_count(rank, "data_parallel_rank")
         if not self._events:
             return None
-        return KVEventBatch(
-            ts=stamp, events=self.take_events(), data_parallel_rank=data_parallel_rank
-        )
+        return KVEventBatch(ts=stamp, events=self.take_events(), data_parallel_rank=rank)
 
     # ------------------------------------------------------------------ steps
 
-    def finish_step(self, updates: Sequence[StepUpdate], probe: str | None = None) -> StepOutcome:
+    def finish_step(self, updates: Sequence[StepUpdate], probe: object = None) -> StepOutcome:
         """Apply a scheduler step's updates in order (append, mark computed, free), then
         drain the events and read the occupancy and counters: one call per step. With
         ``probe``, the outcome also carries that request's `prefill_cost` after the
@@ -657,14 +656,15 @@ class KvManager:
 
     # -------------------------------------------------------------- internals
 
-    def _get(self, request_id: str) -> RequestState:
-        try:
-            return self._requests[request_id]
-        except (KeyError, TypeError):
-            check_request_id(request_id)
-            raise UnknownRequestError(
-                f"request {request_id!r} is not registered (never added, or already freed)"
-            ) from None
+    def _get(self, request_id: object) -> RequestState:
+        if type(request_id) is str:
+            state = self._requests.get(request_id)
+            if state is not None:
+                return state
+        check_request_id(request_id)
+        raise UnknownRequestError(
+            f"request {request_id!r} is not registered (never added, or already freed)"
+        )
 
     def _prefix_of(self, state: RequestState) -> list[int]:
         """The resident prefix a first allocation reuses: hits until the first miss,
