@@ -20,6 +20,7 @@ CORE = [
     "kvpool/manager/kv_manager.py",
     "kvpool/manager/request.py",
     "kvpool/manager/validation.py",
+    "kvpool/workloads/tokens.py",
 ]
 
 ext_modules = []

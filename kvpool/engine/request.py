@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kvpool.engine.record import RequestRecord
 from kvpool.workloads import RequestSpec
+from kvpool.workloads.tokens import segment_tokens
 
 
 class EngineRequest:
@@ -67,7 +68,8 @@ class EngineRequest:
     def take_pending(self) -> list[int]:
         """The generated tokens the KV manager has not been told, now counted as told."""
         start, self.num_sent = self.num_sent, self.num_tokens - self.spec.input_length
-        return self.spec.output.tokens(start, self.num_sent)
+        output = self.spec.output
+        return segment_tokens(output.seed, output.length, start, self.num_sent)
 
     def record(self, worker: int, *, rejected: bool = False) -> RequestRecord:
         """The request's `RequestRecord` as of now."""

@@ -16,6 +16,7 @@ from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.timing import StepTiming, StepWork
 from kvpool.manager.types import SlotRequest, StepUpdate
+from kvpool.workloads.tokens import segment_tokens
 
 
 def needs_call(request: EngineRequest, target: int, block_size: int, caching: bool) -> bool:
@@ -357,7 +358,10 @@ def plan_crossing(
                 target = request.num_tokens + step
                 told = target - request.spec.input_length
                 since = sent[index]
-                new_tokens = request.spec.output.tokens(since, told) if since < told else []
+                output = request.spec.output
+                new_tokens = (
+                    segment_tokens(output.seed, output.length, since, told) if since < told else []
+                )
                 sent[index] = told
                 slots.append(SlotRequest(request.request_id, target, new_tokens))
                 if next_grow[index] == step:

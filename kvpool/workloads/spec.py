@@ -14,8 +14,8 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from kvpool.hashing import TOKEN_TYPECODE
+from kvpool.workloads.tokens import TOKEN_MASK, segment_tokens
 
-_TOKEN_MASK = (1 << 32) - 1
 _U64 = (1 << 64) - 1
 
 
@@ -27,7 +27,7 @@ class Segment(NamedTuple):
 
     def token(self, index: int) -> int:
         """Token id number ``index`` of the segment (no bounds check: hot path)."""
-        return (self.seed + index) & _TOKEN_MASK
+        return (self.seed + index) & TOKEN_MASK
 
     def tokens(self, start: int = 0, stop: int | None = None) -> list[int]:
         """Token ids ``[start, stop)`` of the segment (``stop`` defaults to its length).
@@ -37,11 +37,7 @@ class Segment(NamedTuple):
         each other, and share a whole block at the same depth of a sequence (which is
         what the chained block hashes compare) practically never.
         """
-        seed = self.seed & _TOKEN_MASK
-        end = self.length if stop is None else min(stop, self.length)
-        if seed + end <= _TOKEN_MASK:
-            return list(range(seed + start, seed + end))
-        return [(seed + j) & _TOKEN_MASK for j in range(start, end)]
+        return segment_tokens(self.seed, self.length, start, self.length if stop is None else stop)
 
 
 def mix_seed(*parts: int) -> int:
@@ -51,7 +47,7 @@ def mix_seed(*parts: int) -> int:
         h = (h ^ (part & _U64)) * 0xBF58476D1CE4E5B9 & _U64
         h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _U64
         h ^= h >> 29
-    return (h ^ (h >> 32)) & _TOKEN_MASK
+    return (h ^ (h >> 32)) & TOKEN_MASK
 
 
 @dataclass(frozen=True, slots=True)
