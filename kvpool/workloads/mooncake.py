@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
+from functools import lru_cache
 from pathlib import Path
 from typing import IO
 
@@ -194,6 +195,13 @@ def _decode(line: bytes | str, source: str, number: int) -> MooncakeRecord:
         raise TraceError(f"not a JSON object: {exc}", source=source, line=number) from None
 
 
+@lru_cache(maxsize=1 << 16)
+def _prompt_segment(hash_id: int, length: int) -> Segment:
+    """The segment a trace's ``hash_id`` stands for: requests repeat their ids (a
+    conversation's history), so they share one immutable `Segment` each."""
+    return Segment(mix_seed(_PROMPT_DOMAIN, hash_id), length)
+
+
 def _to_request(record: MooncakeRecord, source: str, number: int, block_size: int) -> RequestSpec:
     def fail(message: str) -> TraceError:
         return TraceError(message, source=source, line=number)
@@ -224,7 +232,7 @@ def _to_request(record: MooncakeRecord, source: str, number: int, block_size: in
             raise fail(f"hash_ids must be ints in [0, 2**64), got {hash_id}")
     last = record.input_length - (expected - 1) * block_size
     prompt = tuple(
-        Segment(mix_seed(_PROMPT_DOMAIN, hash_id), block_size if i < expected - 1 else last)
+        _prompt_segment(hash_id, block_size if i < expected - 1 else last)
         for i, hash_id in enumerate(record.hash_ids)
     )
     return RequestSpec(
