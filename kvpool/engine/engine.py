@@ -83,6 +83,7 @@ from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.stepping import (
     CrossingJump,
+    apply_crossing,
     apply_jump,
     apply_step,
     decode_growth,
@@ -90,13 +91,14 @@ from kvpool.engine.stepping import (
     plan_crossing,
     plan_jump,
     plan_slots,
+    read_counters,
     schedule_fitting,
     step_work,
 )
 from kvpool.engine.timing import DynamoTiming
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
-from kvpool.manager import Allocation, ManagerStats, PrefillCost, SlotRequest, StepAllocations
+from kvpool.manager import Allocation, PrefillCost, SlotRequest, StepAllocations
 from kvpool.workloads import RequestSpec
 
 _UNBOUNDED = 1 << 62
@@ -449,7 +451,7 @@ class MockEngine:
         scheduled = dict.fromkeys(running, 1)
         for index, allocation in zip(members, results[last].allocations, strict=True):
             self._grant(running[index], allocation)
-        _read_counters(self.stats, results[last].stats)
+        read_counters(self.stats, results[last].stats)
         await self._admit(scheduled, config.max_num_batched_tokens - len(running))
         await self._execute(scheduled)
         return before.taken + 1
@@ -472,56 +474,23 @@ class MockEngine:
         )
 
     def _apply_crossing(self, plan: CrossingJump, results: list[StepAllocations]) -> None:
-        """Apply a crossing jump whose allocations returned ``results``: the requests'
-        blocks and counts, the clock, the stats, the samples and each step's batch."""
-        running = self.running
-        capacity = self.config.num_gpu_blocks
-        stats = self.stats
-        active = self._num_active
-        grown = active
-        for members, result in zip(plan.group_members, results, strict=True):
-            for index, allocation in zip(members, result.allocations, strict=True):
-                running[index].num_blocks += len(allocation.block_ids)
-                grown += len(allocation.block_ids)
-        if grown != plan.active:
-            raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
-        for request, num_sent in zip(running, plan.sent, strict=True):
-            request.num_sent = num_sent
-        n = len(running)
-        taken = plan.taken
+        """Apply a crossing jump whose allocations returned ``results`` (`apply_crossing`)
+        and publish each step's batch, stamped with that step's end."""
+        batches = apply_crossing(
+            plan, results, self.running, self.stats, self._num_active, self.config.num_gpu_blocks
+        )
         self.clock = plan.clock
-        stats.busy_s = plan.busy
-        stats.steps += taken
-        stats.decode_tokens += n * taken
-        stats.generated_tokens += n * taken
-        for gap, count in plan.gaps.items():
-            stats.record_itl(gap, count)
-        apply_jump(running, stats, taken, plan.first_end, plan.clock)
         self._num_active = plan.active
-        if not plan.groups or plan.group_steps[0]:
-            stats.record_sample(
-                plan.first_end,
-                active / capacity,
-                stats.prefix_query_tokens,
-                stats.prefix_hit_tokens,
-            )
         sink = self.sink
-        for end, blocks, result in zip(plan.group_ends, plan.group_active, results, strict=True):
-            counters = result.stats
-            _read_counters(stats, counters)
-            if result.events:
-                stats.event_batches += 1
-                if sink is not None:
-                    sink.publish(
-                        KVEventBatch(
-                            ts=self.epoch + end * self.ts_scale,
-                            events=result.events,
-                            data_parallel_rank=self.rank,
-                        )
+        if sink is not None:
+            for end, events in batches:
+                sink.publish(
+                    KVEventBatch(
+                        ts=self.epoch + end * self.ts_scale,
+                        events=events,
+                        data_parallel_rank=self.rank,
                     )
-            stats.record_sample(
-                end, blocks / capacity, counters.prefix_query_tokens, counters.prefix_hit_tokens
-            )
+                )
 
     async def run_until_idle(self) -> None:
         """Step until every submitted request has finished."""
@@ -662,7 +631,7 @@ class MockEngine:
         self._remember_cost(probe, outcome.cost)
         if outcome.events:
             self._step_events.extend(outcome.events)
-        _read_counters(self.stats, outcome.stats)
+        read_counters(self.stats, outcome.stats)
         return outcome
 
     def _remember_cost(self, probe: str | None, cost: PrefillCost | None) -> None:
@@ -762,7 +731,7 @@ class MockEngine:
             self._dirty = False
             events = events + outcome.events if events else outcome.events
             self._num_active = outcome.usage.num_active
-            _read_counters(stats, outcome.stats)
+            read_counters(stats, outcome.stats)
         # else: nothing finished or was freed; this step's allocations drained their own
         # events and counters, and their blocks are in the engine's count
         if events:
@@ -782,11 +751,3 @@ class MockEngine:
             stats.prefix_hit_tokens,
         )
         return duration, finished
-
-
-def _read_counters(stats: EngineStats, counters: ManagerStats) -> None:
-    """Copy the counters the engine does not keep itself: the pool counts evictions, the
-    manager prefix-cache queries and hits."""
-    stats.evictions = counters.evictions
-    stats.prefix_query_tokens = counters.prefix_query_tokens
-    stats.prefix_hit_tokens = counters.prefix_hit_tokens

@@ -15,7 +15,8 @@ import heapq
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.timing import StepTiming, StepWork
-from kvpool.manager.types import SlotRequest, StepUpdate
+from kvpool.events import KVEvent
+from kvpool.manager.types import ManagerStats, SlotRequest, StepAllocations, StepUpdate
 from kvpool.workloads.tokens import segment_tokens
 
 
@@ -394,3 +395,59 @@ def plan_crossing(
     plan.busy = busy
     plan.active = active
     return plan
+
+
+def apply_crossing(
+    plan: CrossingJump,
+    results: list[StepAllocations],
+    running: list[EngineRequest],
+    stats: EngineStats,
+    active: int,
+    capacity: int,
+) -> list[tuple[float, list[KVEvent]]]:
+    """Apply a crossing jump whose allocations returned ``results``, ``active`` blocks
+    before it of ``capacity``: the requests' blocks and counts, the stats and the
+    samples. Returns each step's events that are not empty with the clock at that
+    step's end, for the caller to publish as one batch each; the caller sets the clock
+    (``plan.clock``) and the active count (``plan.active``)."""
+    grown = active
+    for members, result in zip(plan.group_members, results, strict=True):
+        for index, allocation in zip(members, result.allocations, strict=True):
+            running[index].num_blocks += len(allocation.block_ids)
+            grown += len(allocation.block_ids)
+    if grown != plan.active:
+        raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
+    for request, num_sent in zip(running, plan.sent, strict=True):
+        request.num_sent = num_sent
+    n = len(running)
+    taken = plan.taken
+    stats.busy_s = plan.busy
+    stats.steps += taken
+    stats.decode_tokens += n * taken
+    stats.generated_tokens += n * taken
+    for gap, count in plan.gaps.items():
+        stats.record_itl(gap, count)
+    apply_jump(running, stats, taken, plan.first_end, plan.clock)
+    if not plan.groups or plan.group_steps[0]:
+        stats.record_sample(
+            plan.first_end, active / capacity, stats.prefix_query_tokens, stats.prefix_hit_tokens
+        )
+    batches: list[tuple[float, list[KVEvent]]] = []
+    for end, blocks, result in zip(plan.group_ends, plan.group_active, results, strict=True):
+        counters = result.stats
+        read_counters(stats, counters)
+        if result.events:
+            stats.event_batches += 1
+            batches.append((end, result.events))
+        stats.record_sample(
+            end, blocks / capacity, counters.prefix_query_tokens, counters.prefix_hit_tokens
+        )
+    return batches
+
+
+def read_counters(stats: EngineStats, counters: ManagerStats) -> None:
+    """Copy the counters the engine does not keep itself: the pool counts evictions, the
+    manager prefix-cache queries and hits."""
+    stats.evictions = counters.evictions
+    stats.prefix_query_tokens = counters.prefix_query_tokens
+    stats.prefix_hit_tokens = counters.prefix_hit_tokens
