@@ -169,12 +169,25 @@ def run_once(
 
 
 _GROUPS: list[tuple[str, Callable[[str], bool]]] = [
-    # the pool core is compiled (mypyc): its methods show up as builtins of BlockPool
+    # Compiled (mypyc) functions show up as builtins: methods of their classes, or
+    # functions of their modules. A compiled function's calls into other compiled code
+    # are not seen, so its own share includes them.
     ("pool core (kvpool/pool)", lambda f: "/kvpool/pool/" in f or "BlockPool" in f),
-    ("manager + hashing", lambda f: "/kvpool/manager/" in f or "/kvpool/hashing/" in f),
+    (
+        "manager + hashing",
+        lambda f: (
+            "/kvpool/manager/" in f
+            or "/kvpool/hashing/" in f
+            or "KvManager" in f
+            or "RequestState" in f
+        ),
+    ),
     ("actor + messages", lambda f: "/kvpool/actors/" in f or "/kvpool/messages/" in f),
-    ("engine + simulation", lambda f: "/kvpool/engine/" in f),
-    ("workload generation", lambda f: "/kvpool/workloads/" in f),
+    (
+        "engine + simulation",
+        lambda f: "/kvpool/engine/" in f or "kvpool.engine." in f or "EngineRequest" in f,
+    ),
+    ("workload generation", lambda f: "/kvpool/workloads/" in f or "kvpool.workloads." in f),
     ("event loop, anyio, other", lambda f: True),
 ]
 
