@@ -23,6 +23,7 @@ from kvpool.hashing import (
 )
 from kvpool.hashing import block_hash as block_hash_module
 from kvpool.hashing import memo as memo_module
+from kvpool.hashing.block_hash import pack_tokens
 
 # Dynamo's compute_block_hash_for_seq on tokens 0..31, block size 16 (see NOTES.md).
 DYNAMO_GOLDEN_LOCAL = [15310707395893867146, 15292316782987903195]
@@ -268,13 +269,23 @@ def test_a_repeated_prefix_is_looked_up_not_hashed_again(monkeypatch: pytest.Mon
     assert second.hashes == reference_chain([*range(16), 7, 7, 7, 7, 8, 8, 8, 8], 4)
 
 
-def test_a_memo_forgets_its_oldest_chunk_first() -> None:
-    memo = ChunkMemo(2, chunk_blocks=1, max_entries=2)
-    BlockHasher(2, memo=memo).extend([1, 2, 3, 4, 5, 6])
+def test_a_memo_forgets_its_least_recently_used_chunk_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    memo = ChunkMemo(1, chunk_blocks=2, max_entries=2)
+    BlockHasher(1, memo=memo).extend([1, 2, 3, 4])  # remembers chunks A=[1, 2], B=[3, 4]
+    BlockHasher(1, memo=memo).extend([1, 2, 5, 6])  # A again, then C: B, least recent, goes
     assert len(memo) == 2
-    assert BlockHasher(2, memo=memo).extend([1, 2, 3, 4, 5, 6]) == reference_chain(
-        [1, 2, 3, 4, 5, 6], 2
-    )
+    hashed: list[bytes] = []
+    real = memo_module.hash_packed_blocks
+
+    def counting(packed: bytes | memoryview, block_size: int, parent: int | None) -> list[int]:
+        hashed.append(bytes(packed))
+        return real(packed, block_size, parent)
+
+    monkeypatch.setattr(memo_module, "hash_packed_blocks", counting)
+    assert BlockHasher(1, memo=memo).extend([1, 2, 3, 4]) == reference_chain([1, 2, 3, 4], 1)
+    assert hashed == [pack_tokens([3, 4])]  # A was remembered, B was not
 
 
 @pytest.mark.parametrize(

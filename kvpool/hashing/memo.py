@@ -6,10 +6,14 @@ multiple of ``chunk_blocks``, so two sequences that share a prefix cut it into t
 chunks. Its hashes are a pure function of the parent sequence hash and its tokens; the
 memo keys them by the parent and the chunk's xxh3_128 digest, a 128-bit name for its
 bytes (the block hashes themselves are 64-bit names, so the memo adds no collision that
-the hashes do not already accept). Oldest entries go first once it is full.
+the hashes do not already accept). The least recently used entry goes first once it is
+full (an `OrderedDict`: dropping a plain dict's first key again and again makes each
+``next(iter(d))`` scan the holes the earlier drops left).
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import xxhash
 
@@ -50,7 +54,7 @@ class ChunkMemo:
         self._block_size = block_size
         self._chunk_blocks = chunk_blocks
         self._max_entries = max_entries
-        self._entries: dict[tuple[int | None, int], list[int]] = {}
+        self._entries: OrderedDict[tuple[int | None, int], list[int]] = OrderedDict()
 
     @property
     def block_size(self) -> int:
@@ -72,11 +76,13 @@ class ChunkMemo:
         key = (parent, _digest(chunk))
         entries = self._entries
         hashes = entries.get(key)
-        if hashes is None:
-            hashes = hash_packed_blocks(chunk, self._block_size, parent)
-            if len(entries) >= self._max_entries:
-                del entries[next(iter(entries))]
-            entries[key] = hashes
+        if hashes is not None:
+            entries.move_to_end(key)
+            return hashes
+        hashes = hash_packed_blocks(chunk, self._block_size, parent)
+        if len(entries) >= self._max_entries:
+            entries.popitem(last=False)
+        entries[key] = hashes
         return hashes
 
 
