@@ -97,6 +97,11 @@ MOONCAKE = SHARED / "traces" / "mooncake_synthetic_trace.jsonl.gz"
 MOONCAKE_BLOCKS = (EngineConfig().num_gpu_blocks, 16384)
 TARGET_REQUESTS_PER_S = 10_000
 """Issue 11: the multi-turn trace, actor backend, fast-forward (Dynamo's mocker: ~10,000)."""
+CLI_EVENTS = False
+"""``enable_kv_cache_events`` of the trace runs: what ``kvpool simulate --trace`` runs
+without ``--zmq-kv-event-port`` (nobody to publish to, so no event is built; the report
+counts the batches all the same). The embedded default keeps the library's default
+(events built), as the runs it is compared with did."""
 SLOW_S = 10.0
 """A run that takes longer than this is not repeated (the figure is then one run)."""
 
@@ -449,7 +454,7 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
         print(f"\nmulti-turn trace: skipped, no file {path}")
         return
     trace, validate_s = read_trace(path)
-    config = EngineConfig(num_gpu_blocks=MULTITURN_BLOCKS)
+    config = EngineConfig(num_gpu_blocks=MULTITURN_BLOCKS, enable_kv_cache_events=CLI_EVENTS)
     with trace:
         print(
             f"\nmulti-turn trace {path} ({len(trace)} requests; validated in "
@@ -531,7 +536,7 @@ def mooncake_section(path: Path, repeat: int, reproduce: str) -> None:
         )
         with plain_copy(path) as plain:  # for Dynamo's replay, decompressed once
             for blocks in MOONCAKE_BLOCKS:
-                config = EngineConfig(num_gpu_blocks=blocks)
+                config = EngineConfig(num_gpu_blocks=blocks, enable_kv_cache_events=CLI_EVENTS)
                 timed = best_of(repeat, functools.partial(run_trace, trace, config, "actor", True))
                 total = timed.total
                 default = " (default)" if blocks == EngineConfig().num_gpu_blocks else ""

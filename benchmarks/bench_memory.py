@@ -209,7 +209,8 @@ def breakdown(
         async def go() -> SimulationRun:
             return await run_simulation(
                 trace,
-                EngineConfig(num_gpu_blocks=blocks),
+                # as kvpool simulate --trace runs it: nothing to publish to, no event built
+                EngineConfig(num_gpu_blocks=blocks, enable_kv_cache_events=False),
                 kv_factory=KV_BACKENDS[backend],
                 fast_forward=fast_forward,
             )

@@ -548,6 +548,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_prefix_caching=args.enable_prefix_caching,
             enable_chunked_prefill=args.enable_chunked_prefill,
+            # built only to be published: the report counts the batches either way
+            enable_kv_cache_events=args.zmq_kv_event_port is not None,
             preemption_mode=args.preemption_mode,
             timing=timing,
         )

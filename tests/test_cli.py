@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from kvpool import cli
 from kvpool.events import decode_batch
 from kvpool.workloads import SyntheticWorkload, read_mooncake_trace
 
@@ -467,6 +468,23 @@ def test_kv_events_are_published_over_zmq_per_worker() -> None:
         assert seqs == list(range(len(seqs)))
         assert all(batch.data_parallel_rank == rank for _, batch in batches)
         assert seqs[-1] + 1 == report["workers"][rank]["kv_event_batches"]
+    # Without a publisher no event is built, and the report is the same, batches too.
+    quiet = kvpool("simulate", "--sessions", "12", "--workers", "2", "--json", "-")
+    assert quiet.returncode == 0, quiet.stderr
+    quiet_report = json.loads(quiet.stdout)
+    for either in (report, quiet_report):
+        for key in ("wall_s", "requests_per_wall_s", "settings"):
+            del either[key]
+    assert quiet_report == report
+
+
+@pytest.mark.parametrize("command", ["simulate", "serve"])
+def test_kv_events_are_built_only_when_they_are_published(command: str) -> None:
+    parser = cli.build_parser()
+    quiet = parser.parse_args([command])
+    publishing = parser.parse_args([command, "--zmq-kv-event-port", "5557"])
+    assert not cli.engine_config(quiet, parser).enable_kv_cache_events
+    assert cli.engine_config(publishing, parser).enable_kv_cache_events
 
 
 @pytest.mark.parametrize(

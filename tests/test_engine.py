@@ -16,7 +16,7 @@ from kvpool.engine import (
     TimedKvClient,
 )
 from kvpool.engine.request import EngineRequest
-from kvpool.errors import InvariantViolationError, UnknownRequestError
+from kvpool.errors import InvalidArgumentError, InvariantViolationError, UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import KvManager, PrefillCost, SlotRequest, StepAllocations, StepUpdate
 from kvpool.pool import BlockPool
@@ -232,6 +232,15 @@ async def test_blocks_become_visible_in_the_step_that_schedules_them() -> None:
     assert all(b.data_parallel_rank == 3 for b in collector.batches)
     assert [b.ts for b in collector.batches] == sorted(b.ts for b in collector.batches)
     assert collector.batches[0].ts > 1000.0
+
+
+def test_an_event_sink_needs_kv_cache_events() -> None:
+    config = EngineConfig(block_size=4, num_gpu_blocks=64, enable_kv_cache_events=False)
+    kv = LocalKvClient.create(64, 4, enable_kv_cache_events=False)
+    with pytest.raises(InvalidArgumentError, match="enable_kv_cache_events"):
+        MockEngine(kv, config, sink=EventCollector())
+    with pytest.raises(InvalidArgumentError, match="enable_kv_cache_events must be a bool"):
+        EngineConfig(enable_kv_cache_events=1)  # type: ignore[arg-type]
 
 
 async def test_event_stream_is_a_valid_router_history_under_pressure() -> None:

@@ -11,6 +11,7 @@ short of one (0 means the next step is not one).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import types
@@ -266,8 +267,11 @@ def simulate(
     speedup_ratio: float = 0.0,
     loop: str = "asyncio",
 ) -> Outcome:
-    """`run_simulation` with a recording sink per worker, ``MockEngine.step`` counted."""
-    sinks = [EventCollector() for _ in range(workers)]
+    """`run_simulation` with a recording sink per worker (none with KV cache events off),
+    ``MockEngine.step`` counted."""
+    recording = config.enable_kv_cache_events
+    collectors = [EventCollector() for _ in range(workers)] if recording else []
+    sinks = collectors if recording else None
     calls = 0
     step = MockEngine.step
 
@@ -300,7 +304,7 @@ def simulate(
         workers=msgspec.to_builtins(report.workers),
         total=msgspec.to_builtins(report.total),
         records=[msgspec.to_builtins(engine.stats.requests) for engine in run.engines],
-        batches=[msgspec.to_builtins(sink.batches) for sink in sinks],
+        batches=[msgspec.to_builtins(sink.batches) for sink in collectors],
         clocks=[engine.clock for engine in run.engines],
         step_calls=calls,
     )
@@ -351,6 +355,33 @@ def test_random_runs_are_identical_with_and_without_fast_forward(
     slow = simulate(requests, config, fast_forward=False, **kwargs)
     label(fast)
     assert_same_run(fast, slow)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests=workloads(),
+    config=configs(),
+    workers=st.integers(1, 3),
+    backend=st.sampled_from(sorted(KV_BACKENDS)),
+    fast_forward=st.booleans(),
+)
+def test_runs_that_build_no_kv_events_report_the_same(
+    requests: list[RequestSpec],
+    config: EngineConfig,
+    workers: int,
+    backend: str,
+    fast_forward: bool,
+) -> None:
+    """With ``enable_kv_cache_events`` off (what `kvpool simulate` runs without a
+    publisher) nothing is built, and the report, the records and the clocks are exactly
+    those of a run that publishes: the batches are counted all the same."""
+    kwargs: dict[str, Any] = {"workers": workers, "backend": backend}
+    recorded = simulate(requests, config, fast_forward=fast_forward, **kwargs)
+    silent_config = dataclasses.replace(config, enable_kv_cache_events=False)
+    silent = simulate(requests, silent_config, fast_forward=fast_forward, **kwargs)
+    assert silent.batches == []
+    assert silent.total["kv_event_batches"] == sum(len(b) for b in recorded.batches)
+    assert dataclasses.replace(silent, batches=recorded.batches) == recorded
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -503,7 +503,13 @@ def test_double_free_is_an_unknown_request() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"block_size": 0}, {"block_size": 2.0}, {"enable_prefix_caching": 1}, {"medium": 3}],
+    [
+        {"block_size": 0},
+        {"block_size": 2.0},
+        {"enable_prefix_caching": 1},
+        {"enable_kv_cache_events": None},
+        {"medium": 3},
+    ],
 )
 def test_bad_construction_raises_invalid_argument(kwargs: dict[str, Any]) -> None:
     args: dict[str, Any] = {"block_size": BS, **kwargs}
@@ -931,3 +937,36 @@ def test_a_step_s_updates_carry_the_probe_s_cost_after_them() -> None:
     assert outcome.cost == manager.prefill_cost("b") == PrefillCost(2, 0, 1)
     assert outcome.usage.num_active == 0
     assert manager.finish_step([]).cost is None
+
+
+def test_with_kv_cache_events_off_nothing_is_queued_and_all_else_is_the_same() -> None:
+    """Stores, evictions, duplicates, preemption and frees on two managers, one building
+    events and one not: the same state after every call, no event queued by the second,
+    and its count of the events there would have been equal to the first's events."""
+    loud, quiet = make(8), make(8, enable_kv_cache_events=False)
+    assert loud.enable_kv_cache_events
+    assert not quiet.enable_kv_cache_events
+    taken: list[object] = []
+    shared = list(range(100, 108))
+    calls = [
+        lambda m: run(m, "a", [*shared, 1, 2, 3, 4]),  # three full blocks
+        lambda m: run(m, "b", [*shared, 4, 5, 6, 7, 8]),  # hits a's prefix
+        lambda m: m.free("a"),
+        lambda m: m.allocate_steps([[Slot("b", 13, [9])], [Slot("b", 14, [10])]]),
+        lambda m: run(m, "c", list(range(200, 216))),  # evicts a's idle blocks
+        lambda m: m.preempt("b"),
+        lambda m: m.allocate("b", 14, cache=True),  # re-admitted: its own blocks again
+        lambda m: m.free("c"),
+        lambda m: m.free("b"),
+    ]
+    for call in calls:
+        call(loud)
+        call(quiet)
+        assert quiet.num_pending_events == 0
+        assert quiet.take_events() == []
+        taken += loud.take_events()
+        assert same_state(loud, quiet)
+        assert quiet.stats().kv_events == loud.stats().kv_events == len(taken)
+    assert loud.stats() == quiet.stats()
+    assert any(isinstance(event, BlockRemoved) for event in taken)
+    assert any(isinstance(event, BlockStored) for event in taken)

@@ -49,7 +49,12 @@ class TimingModel:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """One engine's scheduler and cache configuration (vLLM v1 names)."""
+    """One engine's scheduler and cache configuration (vLLM v1 names).
+
+    ``enable_kv_cache_events`` (vLLM's ``KVEventsConfig`` switch) builds the KV events an
+    event sink publishes; off, nothing is built and the report is the same (the batches
+    are counted all the same): `kvpool simulate` turns it on only when it publishes.
+    """
 
     num_gpu_blocks: int = 1024
     block_size: int = 16
@@ -57,6 +62,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    enable_kv_cache_events: bool = True
     preemption_mode: PreemptionMode = "lifo"
     timing: StepTiming = field(default_factory=TimingModel)
 
@@ -69,7 +75,7 @@ class EngineConfig:
             raise InvalidArgumentError(
                 f"preemption_mode must be 'lifo' or 'fifo', got {self.preemption_mode!r}"
             )
-        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enable_kv_cache_events"):
             if type(getattr(self, name)) is not bool:
                 raise InvalidArgumentError(f"{name} must be a bool")
         if not callable(getattr(self.timing, "duration", None)):

@@ -86,6 +86,7 @@ from kvpool.engine.stepping import (
     apply_crossing,
     apply_jump,
     apply_step,
+    close_batch,
     decode_growth,
     decode_work,
     plan_crossing,
@@ -144,6 +145,10 @@ class MockEngine:
         sink: EventSink | None = None,
         epoch: float = 0.0,
     ) -> None:
+        if sink is not None and not config.enable_kv_cache_events:
+            raise InvalidArgumentError(
+                "an event sink needs enable_kv_cache_events: with it off, no event is built"
+            )
         if kv.block_size != config.block_size or kv.capacity != config.num_gpu_blocks:
             raise InvalidArgumentError(
                 f"the KV client has {kv.capacity} blocks of {kv.block_size} tokens; the "
@@ -734,16 +739,14 @@ class MockEngine:
             read_counters(stats, outcome.stats)
         # else: nothing finished or was freed; this step's allocations drained their own
         # events and counters, and their blocks are in the engine's count
-        if events:
-            stats.event_batches += 1
-            if self.sink is not None:
-                self.sink.publish(
-                    KVEventBatch(
-                        ts=self.epoch + now * self.ts_scale,
-                        events=events,
-                        data_parallel_rank=self.rank,
-                    )
+        if close_batch(stats) and events and self.sink is not None:
+            self.sink.publish(
+                KVEventBatch(
+                    ts=self.epoch + now * self.ts_scale,
+                    events=events,
+                    data_parallel_rank=self.rank,
                 )
+            )
         stats.record_sample(
             now,
             self._num_active / self.config.num_gpu_blocks,

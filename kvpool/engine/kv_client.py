@@ -176,11 +176,21 @@ class LocalKvClient:
 
     @classmethod
     def create(
-        cls, num_gpu_blocks: int, block_size: int, *, enable_prefix_caching: bool = True
+        cls,
+        num_gpu_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        enable_kv_cache_events: bool = True,
     ) -> LocalKvClient:
         """A client over a fresh pool of ``num_gpu_blocks`` blocks and its own manager."""
-        pool = BlockPool(num_gpu_blocks)
-        return cls(KvManager(pool, block_size, enable_prefix_caching=enable_prefix_caching))
+        manager = KvManager(
+            BlockPool(num_gpu_blocks),
+            block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_kv_cache_events=enable_kv_cache_events,
+        )
+        return cls(manager)
 
     @property
     def manager(self) -> KvManager:

@@ -50,7 +50,9 @@ class EngineStats:
     prefix_hit_tokens: int = 0
     steps: int = 0
     busy_s: float = 0.0
-    event_batches: int = 0  # steps that drained KV events (published if there is a sink)
+    event_batches: int = 0  # steps that told a router something (published if there is a sink)
+    kv_events: int = 0  # the manager's count of router-visible events, as last read
+    kv_events_batched: int = 0  # that count at the end of the last step with a batch
     sample_times: array[float] = field(default_factory=lambda: array("d"))
     usage: array[float] = field(default_factory=lambda: array("d"))
     query_samples: array[int] = field(default_factory=lambda: array("q"))

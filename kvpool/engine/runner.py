@@ -28,6 +28,7 @@ async def open_local_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[Kv
         config.num_gpu_blocks,
         config.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
+        enable_kv_cache_events=config.enable_kv_cache_events,
     )
 
 
@@ -40,6 +41,7 @@ async def open_actor_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[Kv
         config.num_gpu_blocks,
         config.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
+        enable_kv_cache_events=config.enable_kv_cache_events,
     ) as kv:
         yield kv
 

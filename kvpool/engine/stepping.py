@@ -436,8 +436,7 @@ def apply_crossing(
     for end, blocks, result in zip(plan.group_ends, plan.group_active, results, strict=True):
         counters = result.stats
         read_counters(stats, counters)
-        if result.events:
-            stats.event_batches += 1
+        if close_batch(stats) and result.events:
             batches.append((end, result.events))
         stats.record_sample(
             end, blocks / capacity, counters.prefix_query_tokens, counters.prefix_hit_tokens
@@ -447,7 +446,20 @@ def apply_crossing(
 
 def read_counters(stats: EngineStats, counters: ManagerStats) -> None:
     """Copy the counters the engine does not keep itself: the pool counts evictions, the
-    manager prefix-cache queries and hits."""
+    manager prefix-cache queries, hits and router-visible events."""
     stats.evictions = counters.evictions
     stats.prefix_query_tokens = counters.prefix_query_tokens
     stats.prefix_hit_tokens = counters.prefix_hit_tokens
+    stats.kv_events = counters.kv_events
+
+
+def close_batch(stats: EngineStats) -> bool:
+    """At a step's end, once its counters are read: True (and one more batch counted) if
+    the step told a router something, which its KV calls' events then hold (none when
+    the manager builds no events). Every KV call that queues an event drains it, and the
+    engine reads its counters, within the step."""
+    if stats.kv_events == stats.kv_events_batched:
+        return False
+    stats.kv_events_batched = stats.kv_events
+    stats.event_batches += 1
+    return True

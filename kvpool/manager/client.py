@@ -226,6 +226,7 @@ async def open_manager(
     block_size: int,
     *,
     enable_prefix_caching: bool = True,
+    enable_kv_cache_events: bool = True,
     medium: str | None = "GPU",
     on_create: Callable[[KvManager], None] | None = None,
 ) -> AsyncIterator[ManagerClient]:
@@ -237,7 +238,11 @@ async def open_manager(
     task starts. Life cycle and exceptions are `kvpool.actors.open_actor`'s.
     """
     manager = KvManager(
-        BlockPool(capacity), block_size, enable_prefix_caching=enable_prefix_caching, medium=medium
+        BlockPool(capacity),
+        block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        enable_kv_cache_events=enable_kv_cache_events,
+        medium=medium,
     )
     if on_create is not None:
         on_create(manager)

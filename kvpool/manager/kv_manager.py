@@ -25,6 +25,9 @@ Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV ev
 - Preemption and completion release the table leaf first, so the leaf is evicted first.
 - With ``enable_prefix_caching=False`` nothing is hashed, reused or cached: every block
   stays private, no event is ever queued, and no prefix hit is counted (queries are).
+- With ``enable_kv_cache_events=False`` (vLLM's switch: events cost work, and without a
+  subscriber nobody reads them) no event is built or queued, and everything else is the
+  same; ``stats().kv_events`` still counts the events there would have been.
 
 Compiled with mypyc as the pool core is (setup.py), with its validated parameters typed
 ``object`` for the reason `kvpool.pool.block_pool` gives; ``_api.pyi`` declares the
@@ -83,9 +86,11 @@ class KvManager:
         "_hit_tokens",
         "_medium",
         "_memo",
+        "_num_events",
         "_pool",
         "_preemptions",
         "_query_tokens",
+        "_record_events",
         "_requests",
     )
 
@@ -95,6 +100,7 @@ class KvManager:
         block_size: object,
         *,
         enable_prefix_caching: object = True,
+        enable_kv_cache_events: object = True,
         medium: object = "GPU",
     ) -> None:
         if not isinstance(pool, BlockPool):
@@ -104,6 +110,10 @@ class KvManager:
         if type(enable_prefix_caching) is not bool:
             raise InvalidArgumentError(
                 f"enable_prefix_caching must be a bool, got {enable_prefix_caching!r}"
+            )
+        if type(enable_kv_cache_events) is not bool:
+            raise InvalidArgumentError(
+                f"enable_kv_cache_events must be a bool, got {enable_kv_cache_events!r}"
             )
         if medium is not None and type(medium) is not str:
             raise InvalidArgumentError(f"medium must be a str or None, got {medium!r}")
@@ -116,6 +126,8 @@ class KvManager:
         self._memo = ChunkMemo(block_size) if enable_prefix_caching else None
         self._requests: dict[str, RequestState] = {}
         self._events: list[KVEvent] = []
+        self._record_events = enable_kv_cache_events
+        self._num_events = 0  # queued so far, or with events off that would have been
         self._query_tokens = 0
         self._hit_tokens = 0
         self._preemptions = 0
@@ -142,6 +154,11 @@ class KvManager:
     def enable_prefix_caching(self) -> bool:
         """Whether blocks are hashed, reused and made cache-visible."""
         return self._caching
+
+    @property
+    def enable_kv_cache_events(self) -> bool:
+        """Whether router-visible events are built and queued (`take_events`)."""
+        return self._record_events
 
     @property
     def medium(self) -> str | None:
@@ -427,7 +444,9 @@ class KvManager:
             )
         removed = admission.removed
         if removed:
-            self._events.append(BlockRemoved(block_hashes=list(removed), medium=self._medium))
+            self._num_events += 1
+            if self._record_events:
+                self._events.append(BlockRemoved(block_hashes=list(removed), medium=self._medium))
         new_ids = admission.blocks
 
         if not table:
@@ -537,6 +556,7 @@ class KvManager:
             prefix_hit_tokens=self._hit_tokens,
             evictions=self._pool.evictions,
             preemptions=self._preemptions,
+            kv_events=self._num_events,
         )
 
     def check_invariants(self) -> None:
@@ -716,6 +736,9 @@ class KvManager:
             self._stored(state, run_start, stop)
 
     def _stored(self, state: RequestState, start: int, stop: int) -> None:
+        self._num_events += 1
+        if not self._record_events:
+            return
         bs = self._block_size
         hashes = state.hashes
         self._events.append(

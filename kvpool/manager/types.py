@@ -44,6 +44,9 @@ class ManagerStats(msgspec.Struct, frozen=True, gc=False):
     with prefix caching off nothing is counted, as vLLM reports no prefix-cache stats
     then. ``evictions`` is the pool's own count (`BlockPool.evictions`: copies evicted),
     read, not counted again. ``preemptions`` counts preempt calls that released blocks.
+    ``kv_events`` counts the BlockStored and BlockRemoved events queued so far, and with
+    KV cache events off the ones that would have been: what a router was (or would have
+    been) told, whether or not anybody listens.
     """
 
     num_requests: int
@@ -51,6 +54,7 @@ class ManagerStats(msgspec.Struct, frozen=True, gc=False):
     prefix_hit_tokens: int
     evictions: int
     preemptions: int
+    kv_events: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:
