@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvpool.errors import KvpoolError, PoolError, TraceError
 from kvpool.hashing import TOKEN_TYPECODE
@@ -22,6 +24,7 @@ from kvpool.workloads import (
     parse_mooncake_lines,
     read_mooncake_trace,
 )
+from kvpool.workloads.tokens import segment_token_array, segment_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TRACE = ROOT / "kvpool" / "data" / "sample_trace.jsonl"
@@ -301,3 +304,17 @@ def test_dash_reads_standard_input_once_and_streams_it_again(
     monkeypatch.setattr(sys, "stdin", bad)
     with pytest.raises(TraceError, match="<stdin>:2: output_length must be >= 1"):
         MooncakeTrace("-")
+
+
+@given(
+    seed=st.integers(0, 2**40) | st.integers(2**32 - 5000, 2**32 - 1),
+    length=st.integers(0, 5000) | st.sampled_from([1, 511, 512, 4096, 4097]),
+)
+def test_a_segments_token_array_is_its_tokens(seed: int, length: int) -> None:
+    """The arithmetic path (one big integer per run) and the token-by-token one agree,
+    wrap-around past 2**32 and runs past 4,096 tokens included."""
+    tokens = segment_token_array(seed, length)
+    assert tokens.typecode == TOKEN_TYPECODE
+    assert (
+        tokens.tolist() == segment_tokens(seed, length, 0, length) == Segment(seed, length).tokens()
+    )

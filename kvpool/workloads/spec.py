@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from kvpool.hashing import TOKEN_TYPECODE
-from kvpool.workloads.tokens import TOKEN_MASK, segment_tokens
+from kvpool.workloads.tokens import TOKEN_MASK, segment_token_array, segment_tokens
 
 _U64 = (1 << 64) - 1
 
@@ -103,4 +103,4 @@ def _segment_array(segment: Segment) -> array[int]:
     prompt), soon after they first appear: on the multi-turn trace 1,024 entries miss
     no more than a million would; 4,096 of Mooncake's 512-token segments hold 8 MiB.
     """
-    return array(TOKEN_TYPECODE, segment.tokens())
+    return segment_token_array(segment.seed, segment.length)
