@@ -926,6 +926,20 @@ def test_a_watched_cost_stops_the_steps_after_the_one_that_changes_it() -> None:
     assert len(unwatched.allocate_steps(steps, "c")) == 3  # without the watch: all steps
 
 
+def test_a_watched_cost_that_is_already_stale_stops_after_the_first_step() -> None:
+    """The watch compares with the cost as it is, not as it was last asked: a step that
+    changes nothing the cost depends on still ends the call when the caller's figure
+    was out of date from the start (the manager asks once before the steps)."""
+    manager = make(capacity=8)
+    manager.add_request("b", list(range(50, 54)))
+    manager.add_request("c", list(range(9)))
+    stale = PrefillCost(1, 0, 2)
+    assert manager.prefill_cost("c") != stale
+    got = manager.allocate_steps([[Slot("b", 1)], [Slot("b", 2)]], "c", stop_if_cost_changes=stale)
+    assert len(got) == 1
+    assert got[0].cost == manager.prefill_cost("c")
+
+
 def test_a_step_s_updates_carry_the_probe_s_cost_after_them() -> None:
     """finish_step(updates, probe): the probed request's cost is asked after the frees,
     so a request waiting on blocks another one held sees them come back."""

@@ -92,6 +92,7 @@ class KvManager:
         "_query_tokens",
         "_record_events",
         "_requests",
+        "_reuses",
     )
 
     def __init__(
@@ -131,6 +132,7 @@ class KvManager:
         self._query_tokens = 0
         self._hit_tokens = 0
         self._preemptions = 0
+        self._reuses = 0  # first allocations that reused a cached prefix
 
     def __repr__(self) -> str:
         return (
@@ -334,7 +336,15 @@ class KvManager:
             )
         results: list[StepAllocations] = []
         last = len(checked) - 1
+        # A watched probe's cost, asked once now and again only after a step that may
+        # have changed it: the pool's first copies of hashes and whether they are held
+        # change only through an eviction, a hash made resident (a Stored event, counted
+        # with events off too) or a prefix reused (a first allocation pins it), and the
+        # probe's own need only when it is one of the step's slots.
+        known = None if watched is None else self.prefill_cost(probe)
+        probe_state = None if probe is None else self._get(probe)
         for index, step in enumerate(checked):
+            marks = (self._pool.evictions, self._num_events, self._reuses)
             allocations: list[Allocation] = []
             for state, num_tokens, appended, needed in step:
                 allocation = self._grow(state, num_tokens, needed, appended, True)
@@ -344,7 +354,14 @@ class KvManager:
             stopped = len(allocations) < len(step)
             cost = None
             if probe is not None and (stopped or index == last or watched is not None):
-                asked = self.prefill_cost(probe)
+                if (
+                    known is not None
+                    and marks == (self._pool.evictions, self._num_events, self._reuses)
+                    and all(checks[0] is not probe_state for checks in step)
+                ):
+                    asked = known
+                else:
+                    asked = known = self.prefill_cost(probe)
                 if watched is not None and asked != watched:
                     stopped = True
                 if stopped or index == last:
@@ -449,6 +466,8 @@ class KvManager:
                 self._events.append(BlockRemoved(block_hashes=list(removed), medium=self._medium))
         new_ids = admission.blocks
 
+        if prefix:
+            self._reuses += 1
         if not table:
             if self._caching:  # as vLLM, no prefix-cache stats without a prefix cache
                 self._query_tokens += len(state.tokens)
