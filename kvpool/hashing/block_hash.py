@@ -116,6 +116,9 @@ def hash_packed_blocks(
     from `pack_tokens`, ``block_size`` and ``parent`` are already validated.
     """
     stride = block_size * _TOKEN_BYTES
+    if len(packed) == stride:  # one block: a decode step filling it, the common case
+        local = _xxh3(packed, BLOCK_HASH_SEED)
+        return [local if parent is None else _xxh3(_pack_pair(parent, local), BLOCK_HASH_SEED)]
     view = memoryview(packed)
     hashes: list[int] = []
     append = hashes.append

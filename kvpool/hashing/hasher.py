@@ -8,23 +8,16 @@ and the last sequence hash, so each token is packed and hashed exactly once; wit
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
-
-import xxhash
 
 from kvpool.errors import InvalidArgumentError
 from kvpool.hashing.block_hash import (
-    BLOCK_HASH_SEED,
     check_block_size,
     check_parent,
     hash_packed_blocks,
     pack_tokens,
 )
 from kvpool.hashing.memo import ChunkMemo
-
-_xxh3 = xxhash.xxh3_64_intdigest
-_pack_pair = struct.Struct("<QQ").pack
 
 
 class BlockHasher:
@@ -100,11 +93,7 @@ class BlockHasher:
         full = len(data) - len(data) % stride
         view = memoryview(data)[:full]
         memo = self._memo
-        if full == stride:  # one block: a decode step filling it, the common case
-            local = _xxh3(view, BLOCK_HASH_SEED)
-            last = self._last
-            new = [local if last is None else _xxh3(_pack_pair(last, local), BLOCK_HASH_SEED)]
-        elif memo is None or full < memo.chunk_blocks * stride:
+        if memo is None or full < memo.chunk_blocks * stride:
             new = hash_packed_blocks(view, self._block_size, self._last)
         else:
             new = self._hash_chunked(view, memo)

@@ -317,18 +317,16 @@ class KvManager:
         ``stop_if_cost_changes`` without a probe or not a `PrefillCost`, before anything
         changes.
         """
-        if type(steps) is not list and (
-            not isinstance(steps, Sequence) or isinstance(steps, (str, bytes))
-        ):
-            steps = ()  # refused just below
-        if not steps:
+        if (
+            type(steps) is not list
+            and (not isinstance(steps, Sequence) or isinstance(steps, (str, bytes)))
+        ) or not steps:
             raise InvalidArgumentError(
                 f"steps must be a non-empty sequence of sequences of SlotRequest, got {steps!r}"
             )
         earlier: dict[str, int] = {}  # tokens appended by slots of earlier steps
         checked = [self._check_step(slots, earlier) for slots in steps]
-        if probe is not None:
-            self._get(probe)
+        probe_state = None if probe is None else self._get(probe)
         watched = stop_if_cost_changes
         if watched is not None and (probe is None or type(watched) is not PrefillCost):
             raise InvalidArgumentError(
@@ -342,7 +340,6 @@ class KvManager:
         # with events off too) or a prefix reused (a first allocation pins it), and the
         # probe's own need only when it is one of the step's slots.
         known = None if watched is None else self.prefill_cost(probe)
-        probe_state = None if probe is None else self._get(probe)
         for index, step in enumerate(checked):
             marks = (self._pool.evictions, self._num_events, self._reuses)
             allocations: list[Allocation] = []
@@ -740,9 +737,6 @@ class KvManager:
                 self._stored(state, start, stop)
             return
         first = self._pool.cache_many(list(zip(table[start:stop], hashes[start:stop], strict=True)))
-        if all(first):
-            self._stored(state, start, stop)
-            return
         run_start = -1
         for i, new in enumerate(first, start):
             if new:

@@ -1,8 +1,9 @@
-"""The token ids a workload's segments stand for, as one compiled function.
+"""The token ids a workload's segments stand for: the formula's one statement.
 
 setup.py compiles this module with mypyc: the engine's step bookkeeping (compiled too)
-builds each decode step's generated tokens with a direct native call. It runs
-interpreted just the same.
+builds each decode step's generated tokens with a direct native call, and a prompt's
+new segments are built as arrays without a Python int per token. It runs interpreted
+just the same.
 """
 
 from __future__ import annotations
