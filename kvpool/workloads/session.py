@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvpool.errors import InvalidArgumentError
 from kvpool.workloads.spec import RequestSpec
 
 
@@ -24,7 +25,9 @@ class Session:
 
     def __post_init__(self) -> None:
         if not self.delay_s >= 0 or self.delay_s == float("inf"):
-            raise ValueError(f"session delay must be a finite number >= 0, got {self.delay_s!r}")
+            raise InvalidArgumentError(
+                f"session delay must be a finite number >= 0, got {self.delay_s!r}"
+            )
 
     @property
     def num_turns(self) -> int:

@@ -15,6 +15,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from kvpool.errors import InvalidArgumentError
 from kvpool.workloads.session import Session
 from kvpool.workloads.spec import RequestSpec, Segment, mix_seed
 
@@ -120,22 +121,23 @@ class SyntheticSessions:
         for name in ("input_tokens", "output_tokens", "request_count", "turns_per_session"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
         groups, ratio = self.num_prefix_groups, self.shared_prefix_ratio
         if type(groups) is not int or groups < 0:
-            raise ValueError(f"num_prefix_groups must be an int >= 0, got {groups!r}")
+            raise InvalidArgumentError(f"num_prefix_groups must be an int >= 0, got {groups!r}")
         if not 0.0 <= ratio <= 1.0:
-            raise ValueError(f"shared_prefix_ratio must be in [0, 1], got {ratio!r}")
+            raise InvalidArgumentError(f"shared_prefix_ratio must be in [0, 1], got {ratio!r}")
         if self.request_rate is not None and self.arrival_interval_s is not None:
-            raise ValueError("request_rate and arrival_interval_s are exclusive")
-        if self.request_rate is not None and not 0 < self.request_rate < float("inf"):
-            raise ValueError(f"request_rate must be a finite number > 0, got {self.request_rate!r}")
+            raise InvalidArgumentError("request_rate and arrival_interval_s are exclusive")
+        rate = self.request_rate
+        if rate is not None and not 0 < rate < float("inf"):
+            raise InvalidArgumentError(f"request_rate must be a finite number > 0, got {rate!r}")
         for name in ("arrival_interval_s", "inter_turn_delay_s"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < float("inf"):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+                raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
         if type(self.block_size) is not int or self.block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {self.block_size!r}")
+            raise InvalidArgumentError(f"block_size must be an int >= 1, got {self.block_size!r}")
 
     @property
     def prefix_tokens(self) -> int:
