@@ -229,3 +229,83 @@ async def test_closed_loop_ignores_the_order_check() -> None:
     requests = [spec("late", 10, 1, 9.0), spec("early", 10, 1, 1.0)]
     _, records = await run(requests, concurrency=1)
     assert records == {"late": (0.0, 0.25, 0.25), "early": (0.25, 0.5, 0.5)}
+
+
+def pressured() -> EngineConfig:
+    # small pool and batch: preemptions, evictions, queueing; the default linear timing
+    return EngineConfig(num_gpu_blocks=96, max_num_seqs=6, max_num_batched_tokens=256)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize(
+    ("workload", "kwargs"),
+    [
+        ("sessions", {}),
+        ("sessions", {"concurrency": 4}),
+        ("trace", {"concurrency": 5}),
+        ("roomy", {"concurrency": 4}),
+        ("roomy", {"concurrency": 7}),
+        ("trace", {"concurrency": 2, "max_sim_time_s": 0.4}),
+        ("sessions", {"max_sim_time_s": 0.7}),
+    ],
+)
+async def test_fast_forward_is_exact_when_completions_release_requests(
+    workers: int, workload: str, kwargs: dict[str, object]
+) -> None:
+    """A jump may not pass a moment at which another engine's completion releases a
+    request: fast-forward and single steps give the same records, step for step."""
+    from kvpool.workloads import SyntheticSessions, SyntheticWorkload
+
+    if workload == "sessions":
+        requests: list[RequestSpec | Session] = list(
+            SyntheticSessions(
+                120,
+                24,
+                12,
+                request_rate=40.0,
+                turns_per_session=3,
+                inter_turn_delay_s=0.01,
+                shared_prefix_ratio=0.5,
+                num_prefix_groups=2,
+                seed=5,
+            ).sessions()
+        )
+    else:
+        requests = list(SyntheticWorkload(seed=4, num_sessions=8).requests())
+    # roomy: long decodes and nobody waiting, so engines jump far between completions
+    config = EngineConfig() if workload == "roomy" else pressured()
+    results = []
+    for fast_forward in (True, False):
+        done = await run_simulation(
+            requests, config, workers=workers, fast_forward=fast_forward, **kwargs
+        )  # type: ignore[arg-type]
+        records = sorted(
+            (r.request_id, r.worker, r.arrival_s, r.first_token_s, r.finish_s, r.preemptions)
+            for e in done.engines
+            for r in e.stats.requests
+        )
+        cut = (done.report.requests_unfinished, done.report.requests_unstarted)
+        results.append((records, cut, [e.stats.steps for e in done.engines]))
+    assert results[0] == results[1]
+    assert results[0][0]  # something ran
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+async def test_a_request_released_by_one_engine_meets_another_where_it_would_be(
+    fast_forward: bool,
+) -> None:
+    # closed loop of 2, round-robin: "long" decodes alone on rank 0 (a jump could take
+    # its 40 steps at once), "short" ends on rank 1 at 0.75 s and releases "next", which
+    # goes to rank 0: it must be scheduled at rank 0's step boundary 0.75 s, not after
+    # a jump that passed it
+    requests = [spec("long", 10, 40), spec("short", 10, 3), spec("next", 10, 2)]
+    _, records = await run(
+        requests,
+        workers=2,
+        dispatch="round-robin",
+        concurrency=2,
+        fast_forward=fast_forward,
+    )
+    assert records["short"] == (0.0, 0.25, 0.75)
+    assert records["next"] == (0.75, 1.0, 1.25)
+    assert records["long"] == (0.0, 0.25, 10.0)
