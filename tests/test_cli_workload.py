@@ -136,3 +136,31 @@ def test_lockstep_ranks_share_one_clock(capsys: pytest.CaptureFixture[str], tmp_
     assert locked["total"]["requests_completed"] == 6  # type: ignore[index]
     # an idle rank waits for the busy one's step: latencies can only grow
     assert locked["total"]["ttft_s"]["mean"] >= alone["total"]["ttft_s"]["mean"]  # type: ignore[index]
+
+
+def test_help_documents_the_workload_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["simulate", "--help"])
+    out, _ = capsys.readouterr()
+    for flag in (
+        "--synthetic",
+        "--input-tokens",
+        "--output-tokens",
+        "--request-count",
+        "--request-rate",
+        "--arrival-interval-ms",
+        "--turns-per-session",
+        "--inter-turn-delay-ms",
+        "--shared-prefix-ratio",
+        "--num-prefix-groups",
+        "--concurrency",
+        "--replay-concurrency",
+        "--arrival-speedup-ratio",
+        "--max-sim-time-s",
+        "--max-model-len",
+        "--data-parallel-lockstep",
+        "--sla-ttft-ms",
+        "--sla-itl-ms",
+        "--sla-e2e-ms",
+    ):
+        assert flag in out, flag
