@@ -309,3 +309,13 @@ async def test_a_request_released_by_one_engine_meets_another_where_it_would_be(
     assert records["short"] == (0.0, 0.25, 0.75)
     assert records["next"] == (0.75, 1.0, 1.25)
     assert records["long"] == (0.0, 0.25, 10.0)
+
+
+async def test_one_rank_in_lockstep_is_one_independent_engine() -> None:
+    from kvpool.workloads import SyntheticWorkload
+
+    requests = SyntheticWorkload(seed=3, num_sessions=6).requests()
+    alone = await run_simulation(requests, pressured())
+    locked = await run_simulation(requests, pressured(), lockstep=True)
+    assert locked.report.total == alone.report.total
+    assert locked.engines[0].stats.requests == alone.engines[0].stats.requests
