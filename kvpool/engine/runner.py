@@ -131,6 +131,6 @@ async def run_simulation(
         sla=sla,
         max_sim_time_s=max_sim_time_s,
         unfinished=simulation.unfinished,
-        unstarted=simulation.unsent,
+        unstarted=simulation.unstarted,
     )
     return SimulationRun(engines, report)

@@ -60,7 +60,7 @@ class Simulation:
     ``max_sim_time_s`` stops the simulated clock: nothing is sent at or after it, no
     step starts at or after it (a step that started before it ends, as a forward pass
     does), and the requests still waiting or running then are aborted, their blocks
-    freed; ``unfinished`` and ``unsent`` count what was cut.
+    freed; ``unfinished`` and ``unstarted`` count what was cut.
 
     ``lockstep`` makes the engines data-parallel ranks of one model that step together
     (vLLM's MoE data parallelism, Dynamo's ``dp_size``): whenever a rank has work,
@@ -111,7 +111,7 @@ class Simulation:
         self.lockstep = lockstep
         self.wall_s = 0.0
         self.unfinished = 0
-        self.unsent = 0
+        self.unstarted = 0
         self._next_rank = 0
 
     async def run(self) -> float:
@@ -260,7 +260,8 @@ class Simulation:
                 if len(records) == seen[index]:
                     continue
                 for record in records[seen[index] :]:
-                    arrivals.settled(record.request_id, record.finish_s or clock)
+                    finished = clock if record.finish_s is None else record.finish_s
+                    arrivals.settled(record.request_id, finished)
                     settled += 1
                 seen[index] = len(records)
                 if loads is not None:
@@ -277,7 +278,7 @@ class Simulation:
             for request in [*engine.running, *engine.waiting]:
                 await engine.abort(request.request_id)
                 self.unfinished += 1
-        self.unsent = self.arrivals.unsent()
+        self.unstarted = self.arrivals.unsent()
 
     def _round_robin(self) -> int:
         index = self._next_rank
