@@ -149,7 +149,8 @@ def add_sweep_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     out.add_argument(
         "--no-progress", action="store_true", help="no line on stderr as each run ends"
     )
-    sweep.set_defaults(handler=run_sweep_command)
+    # its own parser, not kvpool's: an error then reads "kvpool sweep: error: ..."
+    sweep.set_defaults(handler=lambda args, _: run_sweep_command(args, sweep))
 
 
 def _grid(args: argparse.Namespace) -> Grid:

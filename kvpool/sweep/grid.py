@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import io
 import itertools
+import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from contextlib import redirect_stderr
@@ -36,6 +37,7 @@ _NOT_SWEPT = {
     "zmq-replay-port": "runs in parallel would bind the same ports",
 }
 _TRUE, _FALSE = "true", "false"
+_ERROR_PREFIX = re.compile(r"^kvpool( simulate)?: error: ")  # argparse's, of either parser
 
 
 class GridError(ValueError):
@@ -190,7 +192,7 @@ def check_simulate_args(
                 check_simulate_flags(args, parser)
     except SystemExit:
         lines = errors.getvalue().strip().splitlines()
-        return lines[-1].removeprefix("kvpool simulate: error: ") if lines else "refused"
+        return _ERROR_PREFIX.sub("", lines[-1]) if lines else "refused"
     except (PoolError, ImportError) as exc:
         return str(exc)
     return None

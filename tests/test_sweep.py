@@ -1,0 +1,338 @@
+"""``kvpool sweep``: the grid it spans, its reports (each the one ``kvpool simulate``
+writes for the same flags), failed runs, bad specs, the table and the plot."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpool import cli
+from kvpool.sweep import GridError, build_grid
+from kvpool.sweep.grid import parse_grid_flag, read_grid_file
+from kvpool.sweep.table import METRICS, figures
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_TRACE = ROOT / "kvpool" / "data" / "sample_trace.jsonl"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# the report's wall-clock figures: the only ones two runs of one configuration differ in
+WALL = ("wall_s", "requests_per_wall_s")
+SMALL = ("--grid", "sessions=3", "--grid", "kv-backend=local")
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    """The first 40 requests of the sample trace: a run of a fraction of a second."""
+    path = tmp_path / "small.jsonl"
+    lines = SAMPLE_TRACE.read_text().splitlines(keepends=True)[:40]
+    path.write_text("".join(lines))
+    return path
+
+
+def sweep(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = cli.main(["sweep", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def simulate_alone(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> dict[str, Any]:
+    target = tmp_path / "alone.json"
+    assert cli.main(["simulate", *argv, "--json", str(target)]) == 0
+    capsys.readouterr()
+    report: dict[str, Any] = json.loads(target.read_bytes())
+    return report
+
+
+def without_wall(report: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in report.items() if key not in WALL}
+
+
+def argv_of(params: dict[str, str]) -> list[str]:
+    """The ``kvpool simulate`` flags a sweep run's parameters stand for, built here as a
+    user would type them (not by the sweep's own code)."""
+    argv: list[str] = []
+    for key, value in params.items():
+        if value in ("true", "false"):
+            argv.append(f"--{key}" if value == "true" else f"--no-{key}")
+        else:
+            argv += [f"--{key}", value]
+    return argv
+
+
+def test_the_grid_is_every_combination_the_last_axis_fastest() -> None:
+    grid = build_grid(
+        [
+            ("num-gpu-blocks", ["512", "1024"]),
+            ("data_parallel_size", ["1", "2"]),  # an alias, with underscores
+            ("enable-prefix-caching", ["true", "false"]),
+            ("seed", ["7"]),
+        ]
+    )
+    assert [axis.key for axis in grid.axes] == [
+        "num-gpu-blocks",
+        "workers",
+        "enable-prefix-caching",
+        "seed",
+    ]
+    assert [axis.key for axis in grid.swept] == [
+        "num-gpu-blocks",
+        "workers",
+        "enable-prefix-caching",
+    ]
+    assert len(grid.runs) == 8
+    assert [run.index for run in grid.runs] == list(range(8))
+    assert [run.params["enable-prefix-caching"] for run in grid.runs[:2]] == ["true", "false"]
+    assert [run.params["num-gpu-blocks"] for run in grid.runs] == ["512"] * 4 + ["1024"] * 4
+    assert grid.runs[1].argv == (
+        "--num-gpu-blocks=512",
+        "--workers=1",
+        "--no-enable-prefix-caching",
+        "--seed=7",
+    )
+
+
+def test_a_toml_file_spans_the_grid_its_flags_would(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.toml"
+    path.write_text(
+        "[grid]\nnum-gpu-blocks = [512, 1024]\ndispatch = ['least-loaded', 'round-robin']\n"
+        "fast-forward = false\narrival-speedup-ratio = 2.5\n"
+    )
+    from_file = build_grid(read_grid_file(path))
+    from_flags = build_grid(
+        parse_grid_flag(text)
+        for text in (
+            "num-gpu-blocks=512,1024",
+            "dispatch=least-loaded,round-robin",
+            "fast-forward=false",
+            "arrival-speedup-ratio=2.5",
+        )
+    )
+    assert from_file == from_flags
+
+
+def test_each_report_is_the_one_simulate_writes_alone(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, trace: Path
+) -> None:
+    """Two processes, two traces, the actor backend and the local one: every report
+    equals kvpool simulate's for the same flags."""
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(SAMPLE_TRACE.read_text().splitlines(keepends=True)[40:70]))
+    table = tmp_path / "table.json"
+    status, out, err = sweep(
+        capsys,
+        "--trace",
+        str(trace),
+        "--trace",
+        str(other),
+        "--grid",
+        "num-gpu-blocks=128,512",
+        "--grid",
+        "kv-backend=actor,local",
+        "--jobs",
+        "2",
+        "--json",
+        str(table),
+    )
+    assert status == 0, err
+    assert "[8/8]" in err  # progress: a line per run
+    data = json.loads(table.read_bytes())
+    assert data["grid"]["trace"] == [str(trace), str(other)]
+    assert len(data["runs"]) == 8
+    assert "128" in out
+    assert "512" in out
+    for row in data["runs"]:
+        assert row["status"] == "ok"
+        alone = simulate_alone(capsys, tmp_path, argv_of(row["params"]))
+        assert without_wall(row["report"]) == without_wall(alone)
+
+
+def test_inline_runs_give_the_same_reports(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    table = tmp_path / "table.json"
+    status, _, err = sweep(
+        capsys, *SMALL, "--grid", "dispatch=least-loaded,round-robin", "--grid", "workers=2",
+        "--jobs", "1", "--json", str(table),
+    )  # fmt: skip
+    assert status == 0, err
+    for row in json.loads(table.read_bytes())["runs"]:
+        alone = simulate_alone(capsys, tmp_path, argv_of(row["params"]))
+        assert without_wall(row["report"]) == without_wall(alone)
+
+
+def test_a_failed_run_is_reported_and_the_others_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, trace: Path
+) -> None:
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"timestamp": 0, "input_length": 10}\nnot json\n')
+    table, rows = tmp_path / "t.json", tmp_path / "t.csv"
+    status, out, err = sweep(
+        capsys,
+        "--grid",
+        f"trace={broken},{trace}",
+        "--grid",
+        "num-gpu-blocks=64,256",
+        "--json",
+        str(table),
+        "--csv",
+        str(rows),
+    )
+    assert status == 1
+    runs = json.loads(table.read_bytes())["runs"]
+    assert [row["status"] for row in runs] == ["failed", "failed", "ok", "ok"]
+    assert all("TraceError" in row["error"] and row["report"] is None for row in runs[:2])
+    assert all(row["error"] is None and row["report"] for row in runs[2:])
+    assert "FAILED: TraceError" in err
+    assert "failed: TraceError" in out
+    lines = list(csv.DictReader(io.StringIO(rows.read_text())))
+    assert [line["status"] for line in lines] == ["failed", "failed", "ok", "ok"]
+    assert lines[0]["ttft_s.p99"] == ""
+
+
+def test_the_csv_holds_the_reports_figures(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    table, rows = tmp_path / "t.json", tmp_path / "t.csv"
+    status, _, err = sweep(
+        capsys, *SMALL, "--grid", "num-gpu-blocks=96,384", "--jobs", "1",
+        "--json", str(table), "--csv", str(rows),
+    )  # fmt: skip
+    assert status == 0, err
+    reports = [row["report"] for row in json.loads(table.read_bytes())["runs"]]
+    lines = list(csv.DictReader(io.StringIO(rows.read_text())))
+    assert [line["num-gpu-blocks"] for line in lines] == ["96", "384"]
+    assert list(lines[0])[-len(METRICS) :] == list(METRICS)
+    for line, report in zip(lines, reports, strict=True):
+        assert float(line["ttft_s.p99"]) == report["total"]["ttft_s"]["p99"]
+        assert int(line["evictions"]) == report["total"]["evictions"]
+        assert float(line["kv_usage.mean"]) == report["total"]["kv_usage"]["mean"]
+        assert figures(report)["preemptions"] == report["total"]["preemptions"]
+    assert [int(line["num_gpu_blocks"]) for line in lines] == [96, 384]  # the pool's own
+
+
+def test_the_plot_draws_the_metrics_against_the_swept_flag(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from kvpool.sweep.execute import Outcome
+    from kvpool.sweep.plot import plot_lines
+
+    image, table = tmp_path / "sweep.png", tmp_path / "t.json"
+    status, _, err = sweep(
+        capsys, *SMALL, "--grid", "dispatch=least-loaded,round-robin", "--grid", "workers=2",
+        "--grid", "num-gpu-blocks=64,128,256", "--plot", str(image),
+        "--plot-metric", "ttft_s.p99", "--plot-metric", "evictions", "--json", str(table),
+    )  # fmt: skip
+    assert status == 0, err
+    assert image.read_bytes().startswith(PNG_SIGNATURE)
+    # the lines drawn: x is the numeric flag, a line per dispatch policy
+    data = json.loads(table.read_bytes())
+    grid = build_grid(list(data["grid"].items()))
+    outcomes = [
+        Outcome(run, json.dumps(row["report"]).encode(), None, 0.0)
+        for run, row in zip(grid.runs, data["runs"], strict=True)
+    ]
+    positions, ticks, lines = plot_lines(grid, outcomes, "num-gpu-blocks", "evictions")
+    assert positions == [64.0, 128.0, 256.0]
+    assert ticks == ["64", "128", "256"]
+    assert set(lines) == {"dispatch=least-loaded", "dispatch=round-robin"}
+    expected = [
+        float(row["report"]["total"]["evictions"])
+        for row in data["runs"]
+        if row["params"]["dispatch"] == "round-robin"
+    ]
+    assert lines["dispatch=round-robin"] == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--grid", "num-gpu-blocks"], "expected KEY=VALUE"),
+        (["--grid", "num-gpu-blocks=1,,2"], "an empty value"),
+        (["--grid", "no-such-flag=1"], "has no flag --no-such-flag"),
+        (["--grid", "num-gpu-blocks=0,16"], "--grid num-gpu-blocks=0: argument --num-gpu-blocks"),
+        (["--grid", "dispatch=fastest"], "invalid choice"),
+        (["--grid", "fast-forward=maybe"], "a switch takes true or false"),
+        (["--grid", "num-gpu-blocks=16,16"], "a value is repeated"),
+        (["--grid", "seed=1", "--grid", "seed=2"], "given twice"),
+        (["--grid", "json=out.json"], "not in a sweep"),
+        (["--grid", "zmq-kv-event-port=5557"], "not in a sweep"),
+        (["--grid", "trace=-"], "not from stdin"),
+        (["--grid", "trace=/no/such.jsonl"], "no such readable file"),
+        (["--trace", str(SAMPLE_TRACE), "--grid", "seed=1,2"], "--seed and --sessions"),
+        (["--grid", "input-tokens=10"], "run 0 (input-tokens=10)"),
+        ([], "nothing to sweep"),
+        (["--grid", "seed=1,2", "--plot-metric", "ttft_s.p99"], "need --plot"),
+        (["--grid", "seed=1,2", "--plot", "x.png", "--plot-metric", "speed"], "not a column"),
+        (
+            ["--grid", "seed=1,2", "--grid", "workers=2", "--plot", "x.png", "--plot-x", "workers"],
+            "takes one value only",
+        ),
+        (["--grid", "seed=1", "--plot", "x.png"], "no flag takes more than one value"),
+    ],
+)
+def test_a_bad_grid_is_a_one_line_error_and_nothing_runs(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["sweep", *args, "--json", "table.json"])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("kvpool sweep: error: "), err
+    assert message in last
+    assert "at a time" not in err  # no run started
+    assert out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_toml_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.toml"
+    for text, message in (
+        ("grid = 3\n", "no [grid] table"),
+        ("[grid]\nseed = [[1]]\n", "not a string, number or boolean"),
+        ("[other]\nseed = 1\n", "unknown key 'other'"),
+        ("[grid\n", "is not TOML"),
+    ):
+        path.write_text(text)
+        with pytest.raises(GridError, match=re.escape(message)):
+            read_grid_file(path)
+
+
+def test_an_unwritable_output_fails_before_anything_runs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, out, err = sweep(capsys, *SMALL, "--csv", str(tmp_path / "no" / "t.csv"))
+    assert status == 1
+    assert err.strip() == f"kvpool sweep: error: --csv: no such directory: {tmp_path / 'no'}"
+    assert out == ""
+
+
+def test_on_a_local_ray_cluster_the_reports_are_the_same(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, trace: Path
+) -> None:
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'kvpool[ray]')")
+    table = tmp_path / "ray.json"
+    status, _, err = sweep(
+        capsys, "--trace", str(trace), "--grid", "num-gpu-blocks=128,512",
+        "--ray", "local", "--jobs", "2", "--json", str(table),
+    )  # fmt: skip
+    assert status == 0, err
+    assert "on Ray" in err
+    assert "[2/2]" in err
+    runs = json.loads(table.read_bytes())["runs"]
+    assert [row["params"]["num-gpu-blocks"] for row in runs] == ["128", "512"]
+    for row in runs:
+        alone = simulate_alone(capsys, tmp_path, argv_of(row["params"]))
+        assert without_wall(row["report"]) == without_wall(alone)
