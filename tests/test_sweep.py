@@ -7,6 +7,8 @@ import csv
 import io
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -132,21 +134,20 @@ def test_each_report_is_the_one_simulate_writes_alone(
         "--trace",
         str(other),
         "--grid",
-        "num-gpu-blocks=128,512",
-        "--grid",
         "kv-backend=actor,local",
+        "--grid",
+        "num-gpu-blocks=128",
         "--jobs",
         "2",
         "--json",
         str(table),
     )
     assert status == 0, err
-    assert "[8/8]" in err  # progress: a line per run
+    assert "[4/4]" in err  # progress: a line per run
     data = json.loads(table.read_bytes())
     assert data["grid"]["trace"] == [str(trace), str(other)]
-    assert len(data["runs"]) == 8
-    assert "128" in out
-    assert "512" in out
+    assert len(data["runs"]) == 4
+    assert "actor" in out  # the summary on stdout, by the swept flags
     for row in data["runs"]:
         assert row["status"] == "ok"
         alone = simulate_alone(capsys, tmp_path, argv_of(row["params"]))
@@ -226,7 +227,7 @@ def test_the_plot_draws_the_metrics_against_the_swept_flag(
     image, table = tmp_path / "sweep.png", tmp_path / "t.json"
     status, _, err = sweep(
         capsys, *SMALL, "--grid", "dispatch=least-loaded,round-robin", "--grid", "workers=2",
-        "--grid", "num-gpu-blocks=64,128,256", "--plot", str(image),
+        "--grid", "num-gpu-blocks=64,128,256", "--jobs", "1", "--plot", str(image),
         "--plot-metric", "ttft_s.p99", "--plot-metric", "evictions", "--json", str(table),
     )  # fmt: skip
     assert status == 0, err
@@ -322,15 +323,19 @@ def test_an_unwritable_output_fails_before_anything_runs(
 def test_on_a_local_ray_cluster_the_reports_are_the_same(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, trace: Path
 ) -> None:
+    """``--ray local`` starts Ray here (in a subprocess, as a user runs it: Ray's
+    threads, signal handlers and exit hooks stay out of the test process)."""
     pytest.importorskip("ray", reason="ray is not installed (pip install 'kvpool[ray]')")
     table = tmp_path / "ray.json"
-    status, _, err = sweep(
-        capsys, "--trace", str(trace), "--grid", "num-gpu-blocks=128,512",
-        "--ray", "local", "--jobs", "2", "--json", str(table),
+    done = subprocess.run(
+        [sys.executable, "-m", "kvpool", "sweep", "--trace", str(trace),
+         "--grid", "num-gpu-blocks=128,512", "--ray", "local", "--jobs", "2",
+         "--json", str(table)],
+        capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
-    assert status == 0, err
-    assert "on Ray" in err
-    assert "[2/2]" in err
+    assert done.returncode == 0, done.stderr
+    assert "on Ray" in done.stderr
+    assert "[2/2]" in done.stderr
     runs = json.loads(table.read_bytes())["runs"]
     assert [row["params"]["num-gpu-blocks"] for row in runs] == ["128", "512"]
     for row in runs:
