@@ -37,6 +37,10 @@ RUNS = {
         ["bench_memory.py", "--trace", SAMPLE, "--breakdown"],
         ["held at the end of the run", "building the report", "peak RSS of this process"],
     ),
+    "sweep": (
+        ["bench_sweep.py", "--quick"],
+        ["sweep --jobs 2", "4 x kvpool simulate in turn", "reports identical across the three"],
+    ),
     "serve": (
         ["bench_serve.py", "--requests", "20", "--max-tokens", "4"],
         ["worst clock lag", "requests per second", "tokens per second", "leaked blocks 0"],
