@@ -6,9 +6,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +298,32 @@ def test_a_bad_grid_is_a_one_line_error_and_nothing_runs(
     assert "at a time" not in err  # no run started
     assert out == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def dies_on_64_blocks(argv: Sequence[str]) -> tuple[bytes | None, str | None, float]:
+    """A worker task that kills its process for one configuration (as the OOM killer or
+    a crash in compiled code would), and runs the others as the sweep does."""
+    if "--num-gpu-blocks=64" in argv:
+        os._exit(9)
+    from kvpool.sweep.execute import run_configuration
+
+    report, error = run_configuration(argv)
+    return report, error, 0.0
+
+
+def test_a_worker_process_that_dies_fails_its_run_only() -> None:
+    from kvpool.sweep.execute import run_in_processes
+
+    grid = build_grid(
+        [("num-gpu-blocks", ["32", "64", "128", "256"]), ("sessions", ["2"]),
+         ("kv-backend", ["local"])]
+    )  # fmt: skip
+    outcomes = sorted(run_in_processes(grid.runs, 2, dies_on_64_blocks), key=lambda o: o.run.index)
+    assert [o.run.index for o in outcomes] == [0, 1, 2, 3]
+    assert [o.ok for o in outcomes] == [True, False, True, True]
+    assert outcomes[1].error is not None
+    assert "worker process died" in outcomes[1].error
+    assert all(o.report_json for o in (outcomes[0], *outcomes[2:]))
 
 
 def test_a_bad_toml_file_is_refused(tmp_path: Path) -> None:

@@ -96,21 +96,26 @@ def run_inline(runs: Sequence[Run]) -> Iterator[Outcome]:
         yield Outcome(run, report, error, wall)
 
 
-def run_in_processes(runs: Sequence[Run], jobs: int) -> Iterator[Outcome]:
+Task = Callable[[Sequence[str]], tuple[bytes | None, str | None, float]]
+"""Runs one configuration's arguments: (report, error, wall seconds)."""
+
+
+def run_in_processes(runs: Sequence[Run], jobs: int, task: Task | None = None) -> Iterator[Outcome]:
     """The runs on ``jobs`` worker processes (spawned: a fresh interpreter, as ``kvpool
     simulate`` starts in), as they finish.
 
     At most ``jobs`` runs are in flight, so when a worker process dies (killed, out of
     memory) the suspects are known: each is run again alone in a fresh process and fails
-    only if that process dies too; the other runs go on in a fresh pool.
+    only if that process dies too; the other runs go on in a fresh pool. ``task`` (a
+    module-level function, default `run_configuration` timed) runs each.
     """
     context = multiprocessing.get_context("spawn")
     pending = list(runs)
     pending.reverse()  # pop() from the end: grid order
     while pending:
-        suspects = yield from _pool_until_broken(pending, jobs, context)
+        suspects = yield from _pool_until_broken(pending, jobs, context, task or _timed)
         for run in suspects:
-            yield from _pool_until_broken_alone(run, context)
+            yield from _run_alone(run, context, task or _timed)
 
 
 def _new_pool(jobs: int, context: Any) -> futures.ProcessPoolExecutor:
@@ -118,7 +123,7 @@ def _new_pool(jobs: int, context: Any) -> futures.ProcessPoolExecutor:
 
 
 def _pool_until_broken(
-    pending: list[Run], jobs: int, context: Any
+    pending: list[Run], jobs: int, context: Any, task: Task
 ) -> Generator[Outcome, None, list[Run]]:
     """Run ``pending`` (popped from the end) on a pool of ``jobs`` processes; if the pool
     breaks, return the runs that were in flight then (the rest stay pending)."""
@@ -129,7 +134,7 @@ def _pool_until_broken(
         while (pending or flight) and not suspects:
             while pending and len(flight) < jobs:
                 run = pending.pop()
-                flight[pool.submit(_timed, run.argv)] = run
+                flight[pool.submit(task, run.argv)] = run
             done, _ = futures.wait(flight, return_when=futures.FIRST_COMPLETED)
             for future in sorted(done, key=lambda f: flight[f].index):
                 run = flight.pop(future)
@@ -144,11 +149,11 @@ def _pool_until_broken(
         _stop(pool)
 
 
-def _pool_until_broken_alone(run: Run, context: Any) -> Iterator[Outcome]:
+def _run_alone(run: Run, context: Any, task: Task) -> Iterator[Outcome]:
     pool = _new_pool(1, context)
     start = time.perf_counter()
     try:
-        report, error, wall = pool.submit(_timed, run.argv).result()
+        report, error, wall = pool.submit(task, run.argv).result()
     except futures.process.BrokenProcessPool:
         wall = time.perf_counter() - start
         yield Outcome(run, None, "its worker process died (killed, or out of memory?)", wall)
