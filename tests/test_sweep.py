@@ -8,8 +8,10 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -369,3 +371,33 @@ def test_on_a_local_ray_cluster_the_reports_are_the_same(
     for row in runs:
         alone = simulate_alone(capsys, tmp_path, argv_of(row["params"]))
         assert without_wall(row["report"]) == without_wall(alone)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_sigterm_stops_the_sweep_and_its_workers(jobs: str, tmp_path: Path) -> None:
+    """Mid-run, SIGTERM ends the sweep as it ends kvpool simulate (143, one line), writes
+    no table and leaves no worker process behind; inline, the pool actor's crash on the
+    interrupt is the interrupt, not a failed run."""
+    table = tmp_path / "t.json"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "kvpool", "sweep", "--grid", "sessions=400,401,402",
+         "--jobs", jobs, "--json", str(table)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert sweep.stderr is not None
+    try:
+        assert "at a time" in sweep.stderr.readline()
+        time.sleep(0.5)  # into the first runs
+        children = Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children").read_text().split()
+        sweep.send_signal(signal.SIGTERM)
+        _, err = sweep.communicate(timeout=120)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "kvpool sweep: terminated (SIGTERM)"
+    assert not table.exists()
+    # the workers are gone; multiprocessing's resource tracker ends on its own pipe's EOF
+    deadline = time.monotonic() + 30
+    while [pid for pid in children if Path(f"/proc/{pid}").exists()]:
+        assert time.monotonic() < deadline, f"left running: {children}"
+        time.sleep(0.05)

@@ -60,11 +60,29 @@ def run_configuration(argv: Sequence[str]) -> tuple[bytes | None, str | None]:
         lines = errors.getvalue().strip().splitlines()
         return None, lines[-1] if lines else "refused its flags"
     except Exception as exc:  # the run's failure is the table's to report
+        if _caused_by_interrupt(exc):  # Ctrl-C (inline) that a pool actor turned into a crash
+            raise KeyboardInterrupt from exc
         return None, f"{type(exc).__name__}: {exc}"
     report = run.report
     leaked = report.total.leaked_blocks
     error = f"{leaked} KV blocks were still active after every request finished"
     return report_json(report), error if leaked else None
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+        stack.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False
 
 
 def _timed(argv: Sequence[str]) -> tuple[bytes | None, str | None, float]:
