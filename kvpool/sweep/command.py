@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kvpool.sweep.execute import (
     LOCAL_RAY,
+    ClusterError,
     Outcome,
     default_jobs,
     require_ray,
@@ -255,7 +256,10 @@ def run_sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         return _fail(failure)
     jobs = args.jobs or default_jobs()
     start = time.perf_counter()
-    outcomes = list(_report_progress(args, grid, _outcomes(args, grid, jobs)))
+    try:
+        outcomes = list(_report_progress(args, grid, _outcomes(args, grid, jobs)))
+    except ClusterError as exc:
+        return _fail(str(exc))
     failed = sum(not outcome.ok for outcome in outcomes)
     _say(
         args,

@@ -193,6 +193,10 @@ def _stop(pool: futures.ProcessPoolExecutor) -> None:
         process.join()
 
 
+class ClusterError(RuntimeError):
+    """Ray could not be started or joined (before any run started)."""
+
+
 def require_ray() -> Any:
     """The ``ray`` module, or `ImportError` with the extra to install."""
     try:
@@ -213,10 +217,13 @@ def run_on_ray(
     Every node must import the same kvpool and read each trace at the same path.
     """
     ray = require_ray()
-    if address == LOCAL_RAY:
-        ray.init(num_cpus=jobs, include_dashboard=False, logging_level="ERROR")
-    else:
-        ray.init(address=address, logging_level="ERROR")
+    try:
+        if address == LOCAL_RAY:
+            ray.init(num_cpus=jobs, include_dashboard=False, logging_level="ERROR")
+        else:
+            ray.init(address=address, logging_level="ERROR")
+    except Exception as exc:  # ConnectionError, or Ray's own for a cluster it cannot join
+        raise ClusterError(f"--ray {address}: cannot start or join Ray: {exc}") from exc
     try:
         on_start(f"Ray {ray.__version__}, {int(ray.cluster_resources().get('CPU', 0))} CPUs")
         task = ray.remote(num_cpus=1, max_retries=0)(_timed)
