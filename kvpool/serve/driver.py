@@ -187,6 +187,9 @@ class EngineDriver:
                     open_ = False
                     break
                 await self._handle(engine, message)
+            # the messages changed the queues (and an abort the pool): report the engine
+            # as it now stands, before a step that may be far off (an idle engine waits)
+            self._report(engine)
             if not engine.has_work:
                 continue
             result = await engine.step()
@@ -250,6 +253,11 @@ class EngineDriver:
                     metrics.prompt_tokens.inc(request.spec.input_length)
             if request.num_output == live.sent:
                 continue  # a prefill chunk, or a recomputation after preemption
+            if not live.reply.listening:
+                # the client left: an abort, never a success (vLLM's output processor
+                # drops an aborted request's state, so no finished-request stats)
+                gone.append(request_id)
+                continue
             output = request.spec.output
             tokens = [output.token(i) for i in range(live.sent, request.num_output)]
             live.sent = request.num_output
@@ -274,13 +282,16 @@ class EngineDriver:
             await self._abort(engine, request_id)
 
     def _report(self, engine: MockEngine) -> None:
-        """Update the rank's gauges and counters, and drop the engine's per-step and
-        per-request samples and records (a server runs indefinitely; nothing here reads
-        them)."""
+        """Update the rank's gauges and counters from the engine as it stands now (it is
+        called after every batch of messages and every step: no change goes unreported),
+        and drop the engine's per-step and per-request samples and records (a server
+        runs indefinitely; nothing here reads them)."""
         stats = engine.stats
         metrics = self._metrics
         if metrics is not None:
-            usage = stats.usage[-1] if stats.usage else 0.0
+            # the pool as it is now, aborts included (a step's own sample predates the
+            # aborts of the clients that left while it ran); -1 before any step: empty
+            usage = max(0, engine.num_active_blocks) / engine.config.num_gpu_blocks
             metrics.running.set(len(engine.running))
             metrics.waiting.set(len(engine.waiting))
             metrics.usage.set(usage)
