@@ -486,6 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     termination = _Termination()
     previous = signal.signal(signal.SIGTERM, termination)
+    # Ctrl-C interrupts however the process was started: a shell's background job (and
+    # whatever it starts) inherits SIGINT ignored, and Python then installs no handler
+    previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return handler(args, parser)
     except KeyboardInterrupt:
@@ -503,6 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_interrupt)
 
 
 def _interrupted(command: str, termination: _Termination) -> int:
