@@ -421,6 +421,29 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "word tokenizer; nothing is ever downloaded)",
     )
     http.add_argument(
+        "--max-request-body-bytes",
+        type=_int_at_least(1),
+        metavar="BYTES",
+        help="largest request body read; a larger one gets 413 and is left unread, as a "
+        "reverse proxy would refuse it (default: 16777216, 16 MiB)",
+    )
+    http.add_argument(
+        "--max-batch-prompts",
+        type=_int_at_least(1),
+        metavar="N",
+        help="most prompts in one /v1/completions batch; checked before anything is "
+        "tokenized (default: 2048)",
+    )
+    http.add_argument(
+        "--shutdown-timeout",
+        type=_int_at_least(0),
+        default=0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long the requests in flight may still run before "
+        "they are aborted; a second signal aborts them at once (default: %(default)s, "
+        "vLLM's: abort at once)",
+    )
+    http.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),
         default="info",

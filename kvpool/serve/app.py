@@ -33,7 +33,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from kvpool.serve.disconnect import unless_disconnected
 from kvpool.serve.driver import EngineDriver, Output
+from kvpool.serve.intake import (
+    OFF_LOOP_TOKENS,
+    BodyTooLarge,
+    ClientGone,
+    check_prompt_sizes,
+    check_text_length,
+    off_loop,
+    read_body,
+)
 from kvpool.serve.outbox import Outbox
 from kvpool.serve.protocol import (
     DEFAULT_MAX_TOKENS,
@@ -58,7 +68,15 @@ def _response(body: Any, status: int = 200) -> Response:
 
 
 def _error(exc: ApiError) -> Response:
-    return _response(exc.body(), exc.status)
+    response = _response(exc.body(), exc.status)
+    if isinstance(exc, BodyTooLarge):  # the rest of the body stays unread: hang up
+        response.headers["connection"] = "close"
+    return response
+
+
+def _gone() -> Response:
+    """The answer to a client that left: never delivered (nginx's 499 in the log)."""
+    return Response(status_code=499)
 
 
 def _decode(kind: type[_T], body: bytes) -> _T:
@@ -235,28 +253,45 @@ class _Api:
 
     async def completions(self, request: Request) -> Response:
         try:
-            body = _decode(CompletionRequest, await request.body())
-            max_tokens = self._max_tokens(body)
-            prompts = self._prompts(body.prompt)
-            base = f"cmpl-{uuid.uuid4().hex}"
-            specs = [self._spec(f"{base}-{i}", p, max_tokens) for i, p in enumerate(prompts)]
+            raw = await read_body(request, self.state.limits.max_request_body_bytes)
+            body, base, specs = await off_loop(len(raw), partial(self._completion, raw))
             jobs = self._start(specs)
+        except ClientGone:
+            return _gone()
         except ApiError as exc:
             return _error(exc)
-        return await self._answer(body, jobs, base, chat=False)
+        return await self._answer(body, jobs, base, chat=False, receive=request.receive)
+
+    def _completion(self, raw: bytes) -> tuple[CompletionRequest, str, list[RequestSpec]]:
+        body = _decode(CompletionRequest, raw)
+        max_tokens = self._max_tokens(body)
+        check_prompt_sizes(body.prompt, self.state.limits, self.state.max_model_len)
+        prompts = self._prompts(body.prompt)
+        base = f"cmpl-{uuid.uuid4().hex}"
+        specs = [self._spec(f"{base}-{i}", p, max_tokens) for i, p in enumerate(prompts)]
+        return body, base, specs
 
     async def chat(self, request: Request) -> Response:
         try:
-            body = _decode(ChatCompletionRequest, await request.body())
-            max_tokens = self._max_tokens(body)
-            if not body.messages:
-                raise ApiError("messages must not be empty", param="messages")
-            tokens = self.state.tokenizer.encode(chat_prompt(body.messages))
-            base = f"chatcmpl-{uuid.uuid4().hex}"
-            jobs = self._start([self._spec(base, tokens, max_tokens)])
+            raw = await read_body(request, self.state.limits.max_request_body_bytes)
+            body, base, spec = await off_loop(len(raw), partial(self._chat, raw))
+            jobs = self._start([spec])
+        except ClientGone:
+            return _gone()
         except ApiError as exc:
             return _error(exc)
-        return await self._answer(body, jobs, base, chat=True)
+        return await self._answer(body, jobs, base, chat=True, receive=request.receive)
+
+    def _chat(self, raw: bytes) -> tuple[ChatCompletionRequest, str, RequestSpec]:
+        body = _decode(ChatCompletionRequest, raw)
+        max_tokens = self._max_tokens(body)
+        if not body.messages:
+            raise ApiError("messages must not be empty", param="messages")
+        text = chat_prompt(body.messages)
+        check_text_length(text, self.state.max_model_len, "messages")
+        tokens = self.state.tokenizer.encode(text)
+        base = f"chatcmpl-{uuid.uuid4().hex}"
+        return body, base, self._spec(base, tokens, max_tokens)
 
     def _prompts(self, prompt: Prompt) -> list[list[int]]:
         encode = self.state.tokenizer.encode
@@ -278,25 +313,36 @@ class _Api:
     # -------------------------------------------------------------- answers
 
     async def _answer(
-        self, body: SamplingFields, jobs: list[_Job], base: str, *, chat: bool
+        self, body: SamplingFields, jobs: list[_Job], base: str, *, chat: bool, receive: Receive
     ) -> Response:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return _EventStream(
                 partial(self._stream, jobs, base, chat=chat, include_usage=include_usage)
             )
-        try:
-            results = [await _collect(job) for job in jobs]
+
+        async def collect_all() -> list[tuple[list[int], int, str | None]]:
+            return [await _collect(job) for job in jobs]
+
+        try:  # queued or running, a client that leaves has its requests aborted
+            answered, collected = await unless_disconnected(receive, collect_all)
         finally:
             for job in jobs:
                 job.release()
+        if not answered or collected is None:
+            return _gone()
+        results = collected
         for _, _, error in results:
             if error is not None:
                 return _error(ApiError(error))
         decode_tokens = self.state.tokenizer
+        texts = await off_loop(  # a long answer is detokenized off the engines' loop
+            sum(len(tokens) for tokens, _, _ in results),
+            lambda: [decode(decode_tokens, tokens) for tokens, _, _ in results],
+            threshold=OFF_LOOP_TOKENS,
+        )
         choices: list[dict[str, Any]] = []
-        for index, (tokens, _, _) in enumerate(results):
-            text = decode(decode_tokens, tokens)
+        for index, text in enumerate(texts):
             if chat:
                 choices.append(
                     {

@@ -17,6 +17,7 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """
     from kvpool.cli import check_event_flags, engine_config, open_publishers
     from kvpool.events.zmq_publisher import llmd_topic
+    from kvpool.serve.intake import RequestLimits
     from kvpool.serve.server import routable_host, serve
     from kvpool.serve.state import ServeState
     from kvpool.serve.tokenizer import BuiltinTokenizer, HfTokenizer, Tokenizer
@@ -52,11 +53,24 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             speedup_ratio=args.speedup_ratio,
             tokenizer=tokenizer,
             sinks=sinks,
+            limits=RequestLimits(
+                **{
+                    name: value
+                    for name in ("max_request_body_bytes", "max_batch_prompts")
+                    if (value := getattr(args, name)) is not None
+                }
+            ),
         )
         if sinks:
             where = ", ".join(f"{s.endpoint} (rank {s.data_parallel_rank})" for s in sinks)
             print(f"kvpool serve: publishing KV events on {where}", file=sys.stderr)
-        return serve(state, args.host, args.port, log_level=args.log_level)
+        return serve(
+            state,
+            args.host,
+            args.port,
+            log_level=args.log_level,
+            shutdown_timeout=args.shutdown_timeout,
+        )
     finally:
         for sink in sinks or ():
             sink.close()

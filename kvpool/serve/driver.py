@@ -2,10 +2,10 @@
 
 The driver's task is the only code that touches its `MockEngine` (and, through it, the
 rank's KV manager actor). HTTP handlers reach it through an anyio memory object stream
-of `Submit` and `Abort` messages; each request gets its tokens back through its own
-`Outbox` of `Output`. Both are unbounded, so a handler never blocks on the engine and
-the engine never blocks on a slow client (a request's output is bounded by its
-``max_tokens``).
+of `Submit` and `Abort` messages (and a shutdown's `AbortAll`); each request gets its
+tokens back through its own `Outbox` of `Output`. Both are unbounded, so a handler never
+blocks on the engine and the engine never blocks on a slow client (a request's output is
+bounded by its ``max_tokens``).
 
 Timing: with ``speedup_ratio`` R > 0, simulated time runs R times wall time from the
 moment the driver starts; after each step the driver sleeps until the wall clock
@@ -71,6 +71,16 @@ class Abort:
     request_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class AbortAll:
+    """Drop every request the driver has (a shutdown's deadline passed): each counts as
+    finished with reason ``abort``, as vLLM's engine core reports the requests its
+    shutdown aborts."""
+
+
+_Message = Submit | Abort | AbortAll
+
+
 class _Live:
     """A request the driver is producing for."""
 
@@ -109,7 +119,7 @@ class EngineDriver:
         self.lag_counts: Counter[int] = Counter()  # paced steps by lateness in ms (bounded)
         self.leaked_blocks: int | None = None  # set when the task ends
         self.engine: MockEngine | None = None
-        self._send, self._receive = anyio.create_memory_object_stream[Submit | Abort](math.inf)
+        self._send, self._receive = anyio.create_memory_object_stream[_Message](math.inf)
         self._live: dict[str, _Live] = {}
         self._start = 0.0
         self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
@@ -137,6 +147,12 @@ class EngineDriver:
         # shutting down: the closed reply stream makes the task abort it instead
         with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._send.send_nowait(Abort(request_id))
+
+    def abort_all(self) -> None:
+        """Ask the task to drop every request it has (their outboxes end without a last
+        output). Never blocks or raises."""
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._send.send_nowait(AbortAll())
 
     def close(self) -> None:
         """Accept no more requests; the task finishes the ones it has, then ends."""
@@ -197,9 +213,17 @@ class EngineDriver:
             await self._deliver(engine, result)
             self._report(engine)
 
-    async def _handle(self, engine: MockEngine, message: Submit | Abort) -> None:
+    async def _handle(self, engine: MockEngine, message: _Message) -> None:
         if isinstance(message, Abort):
             await self._abort(engine, message.request_id)
+            return
+        if isinstance(message, AbortAll):
+            for request_id in list(self._live):
+                await self._abort(engine, request_id)
+                if self.metrics is not None:
+                    self.metrics.success.labels(
+                        self.metrics.model_name, str(self.rank), "abort"
+                    ).inc()
             return
         spec, reply = message.spec, message.reply
         paced = self.speedup_ratio > 0
@@ -317,4 +341,4 @@ class EngineDriver:
         stats.clear_samples()
 
 
-__all__ = ["Abort", "EngineDriver", "Output", "Submit"]
+__all__ = ["Abort", "AbortAll", "EngineDriver", "Output", "Submit"]

@@ -12,6 +12,7 @@ import anyio
 from kvpool.engine import EngineConfig
 from kvpool.events import EventSink
 from kvpool.serve.driver import EngineDriver
+from kvpool.serve.intake import RequestLimits
 from kvpool.serve.metrics import ServeMetrics
 from kvpool.serve.tokenizer import BuiltinTokenizer, Tokenizer
 
@@ -34,6 +35,7 @@ class ServeState:
         speedup_ratio: float = 1.0,
         tokenizer: Tokenizer | None = None,
         sinks: Sequence[EventSink | None] | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         if data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
@@ -42,6 +44,7 @@ class ServeState:
         self.config = config
         self.model_name = model_name
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else BuiltinTokenizer()
+        self.limits = limits if limits is not None else RequestLimits()
         self.metrics = ServeMetrics(model_name, config, data_parallel_size)
         self.created = int(time.time())
         self.drivers = [

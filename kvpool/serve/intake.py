@@ -1,0 +1,148 @@
+"""What a request body must pass before anything costly is done with it, so that no
+request can stall the others (they share one event loop with the engines).
+
+- The body is read within a limit (`RequestLimits.max_request_body_bytes`): a declared
+  ``Content-Length`` beyond it is refused before a byte of the body is read, an
+  undeclared (chunked) body as soon as it grows beyond it, with 413 and
+  ``Connection: close``, as a reverse proxy would. A client that leaves mid-upload is
+  `ClientGone`, not an error to log.
+- A batch's size and each text prompt's length are checked before anything is
+  tokenized or expanded into requests (`check_prompt_sizes`): at most
+  ``max_batch_prompts`` prompts, and no text longer than the longest text a
+  ``max_model_len``-token prompt can be (`MAX_CHARS_PER_TOKEN` characters a token).
+- A body larger than `OFF_LOOP_BYTES` is decoded, tokenized and expanded on a worker
+  thread (`off_loop`), and an answer longer than `OFF_LOOP_TOKENS` detokenized there:
+  the engines' loop keeps its clock meanwhile. Smaller ones cost less than the hop to
+  a thread and are handled inline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio.to_thread
+from starlette.requests import ClientDisconnect, Request
+
+from kvpool.serve.protocol import ApiError, Prompt
+
+_T = TypeVar("_T")
+
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 2**20
+"""16 MiB: a context of a million token ids fits, a runaway upload does not."""
+DEFAULT_MAX_BATCH_PROMPTS = 2048
+"""The most prompts one ``/v1/completions`` batch may hold (OpenAI's own cap)."""
+MAX_CHARS_PER_TOKEN = 32
+"""A text longer than ``max_model_len`` times this is refused untokenized: no
+tokenizer's ordinary text averages more characters a token."""
+OFF_LOOP_BYTES = 64 * 2**10
+"""Bodies above this are parsed and tokenized on a worker thread."""
+OFF_LOOP_TOKENS = 4096
+"""Answers of more tokens than this are detokenized on a worker thread."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """A server's limits on one request (see the module doc)."""
+
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_batch_prompts: int = DEFAULT_MAX_BATCH_PROMPTS
+
+    def __post_init__(self) -> None:
+        if self.max_request_body_bytes < 1:
+            raise ValueError(
+                f"max_request_body_bytes must be >= 1, got {self.max_request_body_bytes}"
+            )
+        if self.max_batch_prompts < 1:
+            raise ValueError(f"max_batch_prompts must be >= 1, got {self.max_batch_prompts}")
+
+
+class BodyTooLarge(ApiError):
+    """A body beyond `RequestLimits.max_request_body_bytes`: 413, and the connection is
+    closed after the answer (the rest of the body is never read)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the request body is larger than the server's limit of {limit} bytes "
+            "(--max-request-body-bytes)",
+            status=413,
+        )
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request was read whole: there is no one to
+    answer."""
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, at most ``limit`` bytes; raises `BodyTooLarge` beyond it (before
+    reading anything if ``Content-Length`` says so) and `ClientGone` if the client
+    leaves mid-upload."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone from None
+    return b"".join(chunks)
+
+
+def check_text_length(text: str, max_model_len: int, param: str) -> None:
+    """Refuse, untokenized, a text too long to be a ``max_model_len``-token prompt."""
+    most = max_model_len * MAX_CHARS_PER_TOKEN
+    if len(text) > most:
+        raise ApiError(
+            f"This model's maximum context length is {max_model_len} tokens. However, "
+            f"the prompt is {len(text)} characters long, more than {most} "
+            f"({MAX_CHARS_PER_TOKEN} a token): it was not tokenized.",
+            param=param,
+        )
+
+
+def check_prompt_sizes(prompt: Prompt, limits: RequestLimits, max_model_len: int) -> None:
+    """A completion's batch size and text lengths, before any prompt is tokenized or
+    expanded (a list of token ids is one prompt, checked when its request is built)."""
+    if isinstance(prompt, str):
+        check_text_length(prompt, max_model_len, "prompt")
+        return
+    if prompt and not isinstance(prompt[0], int) and len(prompt) > limits.max_batch_prompts:
+        raise ApiError(
+            f"a batch holds at most {limits.max_batch_prompts} prompts, got {len(prompt)} "
+            "(--max-batch-prompts)",
+            param="prompt",
+        )
+    for item in prompt:
+        if isinstance(item, str):
+            check_text_length(item, max_model_len, "prompt")
+
+
+async def off_loop(size: int, work: Callable[[], _T], *, threshold: int = OFF_LOOP_BYTES) -> _T:
+    """``work()``, on a worker thread if ``size`` (a body's bytes, an answer's tokens)
+    exceeds ``threshold``, else inline (cheaper than the hop to a thread)."""
+    if size <= threshold:
+        return work()
+    return await anyio.to_thread.run_sync(work)
+
+
+__all__ = [
+    "DEFAULT_MAX_BATCH_PROMPTS",
+    "DEFAULT_MAX_REQUEST_BODY_BYTES",
+    "MAX_CHARS_PER_TOKEN",
+    "OFF_LOOP_BYTES",
+    "OFF_LOOP_TOKENS",
+    "BodyTooLarge",
+    "ClientGone",
+    "RequestLimits",
+    "check_prompt_sizes",
+    "check_text_length",
+    "off_loop",
+    "read_body",
+]
