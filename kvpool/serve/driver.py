@@ -118,6 +118,7 @@ class EngineDriver:
         self.worst_lag_s = 0.0
         self.lag_counts: Counter[int] = Counter()  # paced steps by lateness in ms (bounded)
         self.leaked_blocks: int | None = None  # set when the task ends
+        self.shutdown_aborted = 0  # requests dropped by `abort_all`
         self.engine: MockEngine | None = None
         self._send, self._receive = anyio.create_memory_object_stream[_Message](math.inf)
         self._live: dict[str, _Live] = {}
@@ -220,6 +221,7 @@ class EngineDriver:
         if isinstance(message, AbortAll):
             for request_id in list(self._live):
                 await self._abort(engine, request_id)
+                self.shutdown_aborted += 1
                 if self.metrics is not None:
                     self.metrics.success.labels(
                         self.metrics.model_name, str(self.rank), "abort"

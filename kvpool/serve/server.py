@@ -147,9 +147,15 @@ def serve(
     if not server.started:
         return 1  # it could not bind, or the engines did not start (uvicorn logged why)
     leaked = state.leaked_blocks
+    aborted = state.shutdown_aborted
+    print(
+        f"kvpool serve: shut down; {aborted} request(s) aborted at the shutdown timeout",
+        file=sys.stderr,
+    )
     if leaked:
         print(f"kvpool serve: {leaked} KV blocks still active at exit", file=sys.stderr)
         return 1
+    print("kvpool serve: no KV block left active", file=sys.stderr)
     return 0
 
 

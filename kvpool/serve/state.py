@@ -72,6 +72,11 @@ class ServeState:
         """Blocks still active after the engines stopped (0 when all is well)."""
         return sum(driver.leaked_blocks or 0 for driver in self.drivers)
 
+    @property
+    def shutdown_aborted(self) -> int:
+        """Requests a shutdown's deadline aborted, over every rank."""
+        return sum(driver.shutdown_aborted for driver in self.drivers)
+
     @asynccontextmanager
     async def running(self) -> AsyncIterator[ServeState]:
         """Start every rank's task; on exit, stop accepting requests, let the engines
