@@ -8,7 +8,13 @@ requests and generated tokens per second. The server runs in this process on uvl
 (in-process so the engine driver's lag is readable); the clients run in a
 child process (a minimal asyncio HTTP client), so the figures are the server's, not
 the client's (on a machine with fewer than two free cores the two still compete for
-CPU). Usage:
+CPU).
+
+A third phase measures that no request stalls the others: at speedup 1, while 64
+streams keep the engine busy and a probe sends small requests one after another, the
+clients send a 50 MB body (declared length), a 50 MB chunked body (no length: read up
+to the limit) and a 50,000-prompt batch. It prints how each was refused and how fast,
+the engine clock's worst lag and the small requests' worst latency meanwhile. Usage:
 
     python benchmarks/bench_serve.py                # 500 requests, the issue's load
     python benchmarks/bench_serve.py --requests 50  # a quick check
@@ -103,6 +109,148 @@ async def load(speedup: float, requests: int, max_tokens: int, prompt_words: int
     print(f"  failed requests      {failures:8d}   leaked blocks {state.leaked_blocks}")
 
 
+BIG_BODY = 50 * 2**20
+BIG_BATCH = 50_000
+
+
+def offenders(url: str, streams: int, out: Queue[Any]) -> None:
+    """The child process of the refusal phase: ``streams`` long streams read steadily,
+    a probe of small requests, and the three oversized requests one after another.
+    Reports each offender's (name, outcome, seconds) and the probe's latencies."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    def post(body: bytes, extra: bytes = b"") -> bytes:
+        return (
+            b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json"
+            b"\r\nConnection: close\r\n%s\r\n%s" % (host.encode(), extra, body)
+        )
+
+    async def status_of(reader: asyncio.StreamReader) -> str:
+        try:
+            line = await reader.readline()
+        except ConnectionError:
+            return "reset"
+        return line.split(b" ", 2)[1].decode() if line else "closed"
+
+    async def stream(n: int, stop: asyncio.Event) -> None:
+        body = json.dumps(
+            {"model": MODEL, "prompt": f"stream {n}", "max_tokens": 100_000, "stream": True}
+        ).encode()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(post(body, b"Content-Length: %d\r\n" % len(body)))
+        while not stop.is_set() and await reader.read(65536):
+            pass
+        writer.transport.abort()
+
+    async def probe(stop: asyncio.Event, latencies: list[float]) -> None:
+        body = json.dumps({"model": MODEL, "prompt": "a small request", "max_tokens": 1}).encode()
+        while not stop.is_set():
+            start = time.perf_counter()
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(post(body, b"Content-Length: %d\r\n" % len(body)))
+            received = await reader.read()
+            writer.close()
+            assert received.startswith(b"HTTP/1.1 200"), received[:200]
+            latencies.append(time.perf_counter() - start)
+            await asyncio.sleep(0.01)
+
+    async def send_big(chunked: bool) -> str:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        if chunked:
+            writer.write(post(b"", b"Transfer-Encoding: chunked\r\n"))
+        else:
+            writer.write(post(b"", b"Content-Length: %d\r\n" % BIG_BODY))
+        piece = b'{"model": "kvpool-mock", "prompt": "' + b"x" * (2**20 - 36)
+        try:  # a naive client: the whole body, whatever the server says
+            for _ in range(BIG_BODY // len(piece)):
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+                await writer.drain()
+            writer.write(b"0\r\n\r\n" if chunked else b"")
+            await writer.drain()
+        except ConnectionError:
+            pass
+        outcome = await status_of(reader)
+        writer.transport.abort()
+        return outcome
+
+    async def send_batch() -> str:
+        body = json.dumps({"model": MODEL, "prompt": ["word"] * BIG_BATCH}).encode()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(post(body, b"Content-Length: %d\r\n" % len(body)))
+        outcome = await status_of(reader)
+        writer.close()
+        return outcome
+
+    async def run() -> tuple[list[tuple[str, str, float]], list[float], list[float]]:
+        stop = asyncio.Event()
+        calm: list[float] = []
+        during: list[float] = []
+        background = [asyncio.create_task(stream(n, stop)) for n in range(streams)]
+        await asyncio.sleep(1.0)
+        calm_stop = asyncio.Event()
+        calm_probe = asyncio.create_task(probe(calm_stop, calm))
+        await asyncio.sleep(2.0)  # the small requests' latency without offenders
+        calm_stop.set()
+        await calm_probe
+        probing = asyncio.create_task(probe(stop, during))
+        results = []
+        for name, send in (
+            ("50 MB body, Content-Length", lambda: send_big(chunked=False)),
+            ("50 MB body, chunked", lambda: send_big(chunked=True)),
+            (f"{BIG_BATCH:,}-prompt batch", send_batch),
+        ):
+            start = time.perf_counter()
+            outcome = await send()
+            results.append((name, outcome, time.perf_counter() - start))
+            await asyncio.sleep(0.5)
+        stop.set()
+        await probing
+        await asyncio.gather(*background)
+        return results, calm, during
+
+    out.put(uvloop.run(run()))
+
+
+async def refusals(streams: int) -> None:
+    state = ServeState(EngineConfig(num_gpu_blocks=8192), speedup_ratio=1.0)
+    context = multiprocessing.get_context("spawn")
+    results: Queue[Any] = context.Queue()
+    async with running_server(state, log_level="error", freeze_gc=True) as url:
+        child = context.Process(target=offenders, args=(url, streams, results))
+        child.start()
+        driver = state.drivers[0]
+        while driver.engine is None or not driver.engine.running:
+            await anyio.sleep(0.05)
+        await anyio.sleep(0.5)
+        driver.worst_lag_s = 0.0  # from here on: the probe, then the offenders
+        driver.lag_counts.clear()
+        outcomes, calm, during = await anyio.to_thread.run_sync(results.get)
+        await anyio.to_thread.run_sync(child.join)
+    limit = state.limits.max_request_body_bytes
+    print(
+        f"refusals at speedup 1: {streams} streams decoding, a probe of small requests "
+        f"(body limit {limit:,} bytes, batches of at most {state.limits.max_batch_prompts})"
+    )
+    for name, outcome, seconds in outcomes:
+        print(f"  {name:28} {outcome:>6} after {seconds * 1e3:8.1f} ms")
+    print(
+        f"  small requests, calm       worst {max(calm) * 1e3:8.1f} ms   median "
+        f"{sorted(calm)[len(calm) // 2] * 1e3:6.1f} ms   ({len(calm)} requests)"
+    )
+    print(
+        f"  small requests, refusing   worst {max(during) * 1e3:8.1f} ms   median "
+        f"{sorted(during)[len(during) // 2] * 1e3:6.1f} ms   ({len(during)} requests)"
+    )
+    counts = driver.lag_counts
+    steps = sum(counts.values())
+    late = sum(n for ms, n in counts.items() if ms > 10)
+    print(
+        f"  worst engine clock lag     {driver.worst_lag_s * 1e3:8.1f} ms   ({late} of {steps} "
+        f"paced steps more than 10 ms late)"
+    )
+    print(f"  leaked blocks {state.leaked_blocks}")
+
+
 def _percentile(counts: Counter[int], q: float) -> int:
     """The smallest whole-millisecond lateness that ``q`` of the steps stay within."""
     total = sum(counts.values())
@@ -119,17 +267,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--prompt-words", type=int, default=64)
+    parser.add_argument(
+        "--refusal-streams", type=int, default=64, help="streams busy during the refusals"
+    )
+    parser.add_argument("--only-refusals", action="store_true", help="the third phase alone")
     args = parser.parse_args()
-    for speedup in (1.0, 0.0):
-        anyio.run(
-            load,
-            speedup,
-            args.requests,
-            args.max_tokens,
-            args.prompt_words,
-            backend="asyncio",
-            backend_options={"use_uvloop": True},
-        )
+    options: dict[str, Any] = {"backend": "asyncio", "backend_options": {"use_uvloop": True}}
+    if not args.only_refusals:
+        for speedup in (1.0, 0.0):
+            anyio.run(load, speedup, args.requests, args.max_tokens, args.prompt_words, **options)
+    anyio.run(refusals, args.refusal_streams, **options)
 
 
 if __name__ == "__main__":

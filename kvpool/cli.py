@@ -6,8 +6,10 @@ trace, an output file that cannot be written, a missing optional dependency, a s
 that cannot be bound) or a run that leaked KV blocks, 130 when interrupted (Ctrl-C,
 SIGINT) and 143 when terminated (SIGTERM), at any point. Input and output paths are
 checked before anything runs. ``kvpool serve`` is the exception once it is listening:
-there SIGTERM or SIGINT stops it accepting, lets the requests in flight finish and
-exits 0 (uvicorn handles both signals while it serves).
+there SIGTERM or SIGINT stops it accepting, lets the requests in flight run for
+``--shutdown-timeout`` seconds, aborts the rest and exits 0 (see `kvpool.serve.server`).
+Ctrl-C works however the process was started (a SIGINT ignored by inheritance is
+restored).
 """
 
 from __future__ import annotations
@@ -400,8 +402,8 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="A drop-in vLLM stand-in: the OpenAI-compatible HTTP API, /metrics "
         "with vLLM's names and vLLM's KV events over ZMQ, answered by the mock engine "
         "over the exact KV-cache model (needs the serve extra: pip install "
-        "'kvpool[serve]'). SIGTERM or SIGINT: stop accepting, finish the requests in "
-        "flight, exit 0.",
+        "'kvpool[serve]'). SIGTERM or SIGINT: stop accepting, let the requests in "
+        "flight run for --shutdown-timeout seconds, abort the rest, exit 0.",
     )
     http = serve.add_argument_group("server")
     http.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")

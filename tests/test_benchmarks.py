@@ -39,7 +39,10 @@ RUNS = {
     ),
     "serve": (
         ["bench_serve.py", "--requests", "20", "--max-tokens", "4"],
-        ["worst clock lag", "requests per second", "tokens per second", "leaked blocks 0"],
+        [
+            *("worst clock lag", "requests per second", "tokens per second", "leaked blocks 0"),
+            *("worst engine clock lag", "small requests, refusing", "50,000-prompt batch"),
+        ],
     ),
 }
 

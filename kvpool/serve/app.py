@@ -10,8 +10,10 @@ token, so every request generates exactly ``max_tokens`` tokens (default
 (<= ``max_tokens``) and ``ignore_eos`` are accepted and change nothing. ``n`` must be 1.
 The text is deterministic: the output token ids are a function of the prompt's ids.
 ``usage.prompt_tokens_details.cached_tokens`` is what the request's first admission
-reused from the prefix cache. A client that disconnects mid-stream has its request
-aborted and its blocks freed leaf first.
+reused from the prefix cache. A client that disconnects has its requests aborted and
+their blocks freed leaf first, streaming or not (`kvpool.serve.disconnect`). Bodies
+pass `kvpool.serve.intake` (size limit, batch and text checks, big ones parsed on a
+worker thread) before any prompt is tokenized.
 """
 
 from __future__ import annotations
