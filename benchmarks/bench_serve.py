@@ -11,10 +11,12 @@ the client's (on a machine with fewer than two free cores the two still compete 
 CPU).
 
 A third phase measures that no request stalls the others: at speedup 1, while 64
-streams keep the engine busy and a probe sends small requests one after another, the
-clients send a 50 MB body (declared length), a 50 MB chunked body (no length: read up
-to the limit) and a 50,000-prompt batch. It prints how each was refused and how fast,
-the engine clock's worst lag and the small requests' worst latency meanwhile. Usage:
+streams keep the engine busy and a probe (its own process) sends small requests one
+after another, a client sends a 50 MB body (declared length), a 50 MB chunked body (no
+length: read up to the limit) and a 50,000-prompt batch, as naive clients do (the
+whole body, whatever the server answers). It prints how each was refused and how fast,
+and the small requests' worst latency and the engine clock's worst lag, calm (before
+the offenders) and while they are refused. Usage:
 
     python benchmarks/bench_serve.py                # 500 requests, the issue's load
     python benchmarks/bench_serve.py --requests 50  # a quick check
@@ -111,19 +113,46 @@ async def load(speedup: float, requests: int, max_tokens: int, prompt_words: int
 
 BIG_BODY = 50 * 2**20
 BIG_BATCH = 50_000
+CALM_S = 2.0  # the probe alone, before the offenders
+TAIL_S = 0.5  # the probe after each offender
+
+
+def _post(host: str, body: bytes, extra: bytes = b"") -> bytes:
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json"
+        b"\r\nConnection: close\r\n%s\r\n%s" % (host.encode(), extra, body)
+    )
+
+
+def probe(url: str, seconds: float, out: Queue[Any]) -> None:
+    """A child process: small non-streaming requests one after another for ``seconds``;
+    reports (wall-clock start, latency) of each."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"model": MODEL, "prompt": "a small request", "max_tokens": 1}).encode()
+    request = _post(host, body, b"Content-Length: %d\r\n" % len(body))
+
+    async def run() -> list[tuple[float, float]]:
+        samples = []
+        end = time.time() + seconds
+        while time.time() < end:
+            start = time.perf_counter()
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(request)
+            received = await reader.read()
+            writer.close()
+            assert received.startswith(b"HTTP/1.1 200"), received[:200]
+            samples.append((time.time(), time.perf_counter() - start))
+            await asyncio.sleep(0.01)
+        return samples
+
+    out.put(uvloop.run(run()))
 
 
 def offenders(url: str, streams: int, out: Queue[Any]) -> None:
-    """The child process of the refusal phase: ``streams`` long streams read steadily,
-    a probe of small requests, and the three oversized requests one after another.
-    Reports each offender's (name, outcome, seconds) and the probe's latencies."""
+    """A child process: ``streams`` long streams read steadily; after `CALM_S`, the
+    three oversized requests one after another. Reports each offender's (name, outcome,
+    wall-clock start, seconds to its answer) and when the offenders ended."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
-
-    def post(body: bytes, extra: bytes = b"") -> bytes:
-        return (
-            b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json"
-            b"\r\nConnection: close\r\n%s\r\n%s" % (host.encode(), extra, body)
-        )
 
     async def status_of(reader: asyncio.StreamReader) -> str:
         try:
@@ -137,29 +166,17 @@ def offenders(url: str, streams: int, out: Queue[Any]) -> None:
             {"model": MODEL, "prompt": f"stream {n}", "max_tokens": 100_000, "stream": True}
         ).encode()
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(post(body, b"Content-Length: %d\r\n" % len(body)))
+        writer.write(_post(host, body, b"Content-Length: %d\r\n" % len(body)))
         while not stop.is_set() and await reader.read(65536):
             pass
         writer.transport.abort()
 
-    async def probe(stop: asyncio.Event, latencies: list[float]) -> None:
-        body = json.dumps({"model": MODEL, "prompt": "a small request", "max_tokens": 1}).encode()
-        while not stop.is_set():
-            start = time.perf_counter()
-            reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(post(body, b"Content-Length: %d\r\n" % len(body)))
-            received = await reader.read()
-            writer.close()
-            assert received.startswith(b"HTTP/1.1 200"), received[:200]
-            latencies.append(time.perf_counter() - start)
-            await asyncio.sleep(0.01)
-
     async def send_big(chunked: bool) -> str:
         reader, writer = await asyncio.open_connection(host, int(port))
         if chunked:
-            writer.write(post(b"", b"Transfer-Encoding: chunked\r\n"))
+            writer.write(_post(host, b"", b"Transfer-Encoding: chunked\r\n"))
         else:
-            writer.write(post(b"", b"Content-Length: %d\r\n" % BIG_BODY))
+            writer.write(_post(host, b"", b"Content-Length: %d\r\n" % BIG_BODY))
         piece = b'{"model": "kvpool-mock", "prompt": "' + b"x" * (2**20 - 36)
         try:  # a naive client: the whole body, whatever the server says
             for _ in range(BIG_BODY // len(piece)):
@@ -176,23 +193,15 @@ def offenders(url: str, streams: int, out: Queue[Any]) -> None:
     async def send_batch() -> str:
         body = json.dumps({"model": MODEL, "prompt": ["word"] * BIG_BATCH}).encode()
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(post(body, b"Content-Length: %d\r\n" % len(body)))
+        writer.write(_post(host, body, b"Content-Length: %d\r\n" % len(body)))
         outcome = await status_of(reader)
         writer.close()
         return outcome
 
-    async def run() -> tuple[list[tuple[str, str, float]], list[float], list[float]]:
+    async def run() -> tuple[list[tuple[str, str, float, float]], float]:
         stop = asyncio.Event()
-        calm: list[float] = []
-        during: list[float] = []
         background = [asyncio.create_task(stream(n, stop)) for n in range(streams)]
-        await asyncio.sleep(1.0)
-        calm_stop = asyncio.Event()
-        calm_probe = asyncio.create_task(probe(calm_stop, calm))
-        await asyncio.sleep(2.0)  # the small requests' latency without offenders
-        calm_stop.set()
-        await calm_probe
-        probing = asyncio.create_task(probe(stop, during))
+        await asyncio.sleep(CALM_S)
         results = []
         for name, send in (
             ("50 MB body, Content-Length", lambda: send_big(chunked=False)),
@@ -200,13 +209,14 @@ def offenders(url: str, streams: int, out: Queue[Any]) -> None:
             (f"{BIG_BATCH:,}-prompt batch", send_batch),
         ):
             start = time.perf_counter()
+            wall = time.time()
             outcome = await send()
-            results.append((name, outcome, time.perf_counter() - start))
-            await asyncio.sleep(0.5)
+            results.append((name, outcome, wall, time.perf_counter() - start))
+            await asyncio.sleep(TAIL_S)
+        ended = time.time()
         stop.set()
-        await probing
         await asyncio.gather(*background)
-        return results, calm, during
+        return results, ended
 
     out.put(uvloop.run(run()))
 
@@ -214,40 +224,51 @@ def offenders(url: str, streams: int, out: Queue[Any]) -> None:
 async def refusals(streams: int) -> None:
     state = ServeState(EngineConfig(num_gpu_blocks=8192), speedup_ratio=1.0)
     context = multiprocessing.get_context("spawn")
-    results: Queue[Any] = context.Queue()
+    offended: Queue[Any] = context.Queue()
+    probed: Queue[Any] = context.Queue()
+    lags: list[tuple[float, float]] = []  # (wall time, worst lag of the last 20 ms)
     async with running_server(state, log_level="error", freeze_gc=True) as url:
-        child = context.Process(target=offenders, args=(url, streams, results))
-        child.start()
         driver = state.drivers[0]
-        while driver.engine is None or not driver.engine.running:
-            await anyio.sleep(0.05)
-        await anyio.sleep(0.5)
-        driver.worst_lag_s = 0.0  # from here on: the probe, then the offenders
-        driver.lag_counts.clear()
-        outcomes, calm, during = await anyio.to_thread.run_sync(results.get)
-        await anyio.to_thread.run_sync(child.join)
-    limit = state.limits.max_request_body_bytes
+        children = [
+            context.Process(target=offenders, args=(url, streams, offended)),
+            context.Process(target=probe, args=(url, CALM_S + 3 * 6, probed)),
+        ]
+        for child in children:
+            child.start()
+        async with anyio.create_task_group() as tasks:
+
+            async def sample_lag() -> None:
+                while True:
+                    await anyio.sleep(0.02)
+                    lags.append((time.time(), driver.worst_lag_s))
+                    driver.worst_lag_s = 0.0
+
+            tasks.start_soon(sample_lag)
+            outcomes, ended = await anyio.to_thread.run_sync(offended.get)
+            samples = await anyio.to_thread.run_sync(probed.get)
+            tasks.cancel_scope.cancel()
+        for child in children:
+            await anyio.to_thread.run_sync(child.join)
+    began = outcomes[0][2]
+    calm = [latency for start, latency in samples if start < began]
+    during = [latency for start, latency in samples if began <= start < ended]
+    calm_lag = max((lag for t, lag in lags if began - CALM_S + 0.5 < t < began), default=0)
+    during_lag = max((lag for t, lag in lags if began <= t < ended), default=0)
+    limits = state.limits
     print(
         f"refusals at speedup 1: {streams} streams decoding, a probe of small requests "
-        f"(body limit {limit:,} bytes, batches of at most {state.limits.max_batch_prompts})"
+        f"(body limit {limits.max_request_body_bytes:,} bytes, batches of at most "
+        f"{limits.max_batch_prompts})"
     )
-    for name, outcome, seconds in outcomes:
+    for name, outcome, _, seconds in outcomes:
         print(f"  {name:28} {outcome:>6} after {seconds * 1e3:8.1f} ms")
-    print(
-        f"  small requests, calm       worst {max(calm) * 1e3:8.1f} ms   median "
-        f"{sorted(calm)[len(calm) // 2] * 1e3:6.1f} ms   ({len(calm)} requests)"
-    )
-    print(
-        f"  small requests, refusing   worst {max(during) * 1e3:8.1f} ms   median "
-        f"{sorted(during)[len(during) // 2] * 1e3:6.1f} ms   ({len(during)} requests)"
-    )
-    counts = driver.lag_counts
-    steps = sum(counts.values())
-    late = sum(n for ms, n in counts.items() if ms > 10)
-    print(
-        f"  worst engine clock lag     {driver.worst_lag_s * 1e3:8.1f} ms   ({late} of {steps} "
-        f"paced steps more than 10 ms late)"
-    )
+    for label, latencies, lag in (("calm", calm, calm_lag), ("refusing", during, during_lag)):
+        ordered = sorted(latencies)
+        print(
+            f"  small requests, {label:9}  worst {ordered[-1] * 1e3:7.1f} ms, median "
+            f"{ordered[len(ordered) // 2] * 1e3:6.1f} ms ({len(ordered)} requests); worst "
+            f"engine clock lag {lag * 1e3:6.1f} ms"
+        )
     print(f"  leaked blocks {state.leaked_blocks}")
 
 

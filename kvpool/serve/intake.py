@@ -2,10 +2,14 @@
 request can stall the others (they share one event loop with the engines).
 
 - The body is read within a limit (`RequestLimits.max_request_body_bytes`): a declared
-  ``Content-Length`` beyond it is refused before a byte of the body is read, an
+  ``Content-Length`` beyond it is refused before a byte of the body is kept, an
   undeclared (chunked) body as soon as it grows beyond it, with 413 and
-  ``Connection: close``, as a reverse proxy would. A client that leaves mid-upload is
-  `ClientGone`, not an error to log.
+  ``Connection: close``, as a reverse proxy would. Like nginx's lingering close, the
+  rest of the body is read and dropped for up to `LINGER_S` seconds first, so that a
+  client that sends its whole body before reading (most do) gets the 413 rather than a
+  reset connection; a client that asked ``Expect: 100-continue`` is answered at once
+  and never sends it. A client that leaves mid-upload is `ClientGone`, not an error to
+  log.
 - A batch's size and each text prompt's length are checked before anything is
   tokenized or expanded into requests (`check_prompt_sizes`): at most
   ``max_batch_prompts`` prompts, and no text longer than the longest text a
@@ -18,10 +22,11 @@ request can stall the others (they share one event loop with the engines).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import anyio
 import anyio.to_thread
 from starlette.requests import ClientDisconnect, Request
 
@@ -36,6 +41,9 @@ DEFAULT_MAX_BATCH_PROMPTS = 2048
 MAX_CHARS_PER_TOKEN = 32
 """A text longer than ``max_model_len`` times this is refused untokenized: no
 tokenizer's ordinary text averages more characters a token."""
+LINGER_S = 5.0
+"""How long the rest of a refused body is read and dropped before the 413 (nginx's
+``lingering_timeout``)."""
 OFF_LOOP_BYTES = 64 * 2**10
 """Bodies above this are parsed and tokenized on a worker thread."""
 OFF_LOOP_TOKENS = 4096
@@ -76,23 +84,34 @@ class ClientGone(Exception):
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, at most ``limit`` bytes; raises `BodyTooLarge` beyond it (before
-    reading anything if ``Content-Length`` says so) and `ClientGone` if the client
-    leaves mid-upload."""
+    """The whole body, at most ``limit`` bytes; raises `BodyTooLarge` beyond it (keeping
+    nothing if ``Content-Length`` says so) and `ClientGone` if the client leaves
+    mid-upload."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(limit)
     chunks: list[bytes] = []
     size = 0
+    body = request.stream()
     try:
-        async for chunk in request.stream():
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            if request.headers.get("expect", "").lower() != "100-continue":
+                await _drop_rest(body)
+            raise BodyTooLarge(limit)
+        async for chunk in body:
             size += len(chunk)
             if size > limit:
+                await _drop_rest(body)
                 raise BodyTooLarge(limit)
             chunks.append(chunk)
     except ClientDisconnect:
         raise ClientGone from None
     return b"".join(chunks)
+
+
+async def _drop_rest(body: AsyncIterator[bytes]) -> None:
+    """Read and drop what is left of a refused body, for at most `LINGER_S` seconds."""
+    with anyio.move_on_after(LINGER_S):
+        async for _ in body:
+            pass
 
 
 def check_text_length(text: str, max_model_len: int, param: str) -> None:
@@ -135,6 +154,7 @@ async def off_loop(size: int, work: Callable[[], _T], *, threshold: int = OFF_LO
 __all__ = [
     "DEFAULT_MAX_BATCH_PROMPTS",
     "DEFAULT_MAX_REQUEST_BODY_BYTES",
+    "LINGER_S",
     "MAX_CHARS_PER_TOKEN",
     "OFF_LOOP_BYTES",
     "OFF_LOOP_TOKENS",
