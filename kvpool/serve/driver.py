@@ -189,9 +189,11 @@ class EngineDriver:
         receive = self._receive
         open_ = True
         while open_ or engine.has_work:
+            handled = False
             if not engine.has_work:
                 try:
                     await self._handle(engine, await receive.receive())
+                    handled = True
                 except anyio.EndOfStream:
                     open_ = False
                     continue
@@ -204,9 +206,12 @@ class EngineDriver:
                     open_ = False
                     break
                 await self._handle(engine, message)
-            # the messages changed the queues (and an abort the pool): report the engine
-            # as it now stands, before a step that may be far off (an idle engine waits)
-            self._report(engine)
+                handled = True
+            if handled:
+                # the messages changed the queues (an abort, the pool too): report the
+                # engine as it now stands, not at a step that may be far off (or never
+                # come: an engine its clients all left is idle)
+                self._report(engine)
             if not engine.has_work:
                 continue
             result = await engine.step()
