@@ -113,7 +113,8 @@ async def load(speedup: float, requests: int, max_tokens: int, prompt_words: int
 
 BIG_BODY = 50 * 2**20
 BIG_BATCH = 50_000
-CALM_S = 2.0  # the probe alone, before the offenders
+CALM_S = 3.0  # before the offenders: the streams start, then the calm window
+CALM_WINDOW_S = 2.0
 TAIL_S = 0.5  # the probe after each offender
 
 
@@ -250,9 +251,9 @@ async def refusals(streams: int) -> None:
         for child in children:
             await anyio.to_thread.run_sync(child.join)
     began = outcomes[0][2]
-    calm = [latency for start, latency in samples if start < began]
+    calm = [latency for start, latency in samples if began - CALM_WINDOW_S <= start < began]
     during = [latency for start, latency in samples if began <= start < ended]
-    calm_lag = max((lag for t, lag in lags if began - CALM_S + 0.5 < t < began), default=0)
+    calm_lag = max((lag for t, lag in lags if began - CALM_WINDOW_S <= t < began), default=0)
     during_lag = max((lag for t, lag in lags if began <= t < ended), default=0)
     limits = state.limits
     print(
