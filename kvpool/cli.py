@@ -426,7 +426,7 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-request-body-bytes",
         type=_int_at_least(1),
         metavar="BYTES",
-        help="largest request body read; a larger one gets 413 and is left unread, as a "
+        help="largest request body kept; a larger one gets 413, its rest dropped, as a "
         "reverse proxy would refuse it (default: 16777216, 16 MiB)",
     )
     http.add_argument(
