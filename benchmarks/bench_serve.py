@@ -125,17 +125,16 @@ def _post(host: str, body: bytes, extra: bytes = b"") -> bytes:
     )
 
 
-def probe(url: str, seconds: float, out: Queue[Any]) -> None:
-    """A child process: small non-streaming requests one after another for ``seconds``;
-    reports (wall-clock start, latency) of each."""
+def probe(url: str, done: Any, out: Queue[Any]) -> None:
+    """A child process: small non-streaming requests one after another until ``done``
+    (a multiprocessing event) is set; reports (wall-clock start, latency) of each."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     body = json.dumps({"model": MODEL, "prompt": "a small request", "max_tokens": 1}).encode()
     request = _post(host, body, b"Content-Length: %d\r\n" % len(body))
 
     async def run() -> list[tuple[float, float]]:
         samples = []
-        end = time.time() + seconds
-        while time.time() < end:
+        while not done.is_set():
             start = time.perf_counter()
             reader, writer = await asyncio.open_connection(host, int(port))
             writer.write(request)
@@ -149,10 +148,11 @@ def probe(url: str, seconds: float, out: Queue[Any]) -> None:
     out.put(uvloop.run(run()))
 
 
-def offenders(url: str, streams: int, out: Queue[Any]) -> None:
+def offenders(url: str, streams: int, done: Any, out: Queue[Any]) -> None:
     """A child process: ``streams`` long streams read steadily; after `CALM_S`, the
     three oversized requests one after another. Reports each offender's (name, outcome,
-    wall-clock start, seconds to its answer) and when the offenders ended."""
+    wall-clock start, seconds to its answer) and when the offenders ended, and sets
+    ``done``."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
 
     async def status_of(reader: asyncio.StreamReader) -> str:
@@ -215,6 +215,7 @@ def offenders(url: str, streams: int, out: Queue[Any]) -> None:
             results.append((name, outcome, wall, time.perf_counter() - start))
             await asyncio.sleep(TAIL_S)
         ended = time.time()
+        done.set()
         stop.set()
         await asyncio.gather(*background)
         return results, ended
@@ -227,12 +228,13 @@ async def refusals(streams: int) -> None:
     context = multiprocessing.get_context("spawn")
     offended: Queue[Any] = context.Queue()
     probed: Queue[Any] = context.Queue()
+    done = context.Event()
     lags: list[tuple[float, float]] = []  # (wall time, worst lag of the last 20 ms)
     async with running_server(state, log_level="error", freeze_gc=True) as url:
         driver = state.drivers[0]
         children = [
-            context.Process(target=offenders, args=(url, streams, offended)),
-            context.Process(target=probe, args=(url, CALM_S + 3 * 6, probed)),
+            context.Process(target=offenders, args=(url, streams, done, offended)),
+            context.Process(target=probe, args=(url, done, probed)),
         ]
         for child in children:
             child.start()
