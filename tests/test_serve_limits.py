@@ -14,8 +14,8 @@ import pytest
 from raw_http import connect, read_head, request_bytes
 
 from kvpool.engine import EngineConfig
-from kvpool.serve import BuiltinTokenizer, ServeState, running_server
-from kvpool.serve.intake import MAX_CHARS_PER_TOKEN, OFF_LOOP_BYTES, RequestLimits
+from kvpool.serve import BuiltinTokenizer, RequestLimits, ServeState, running_server
+from kvpool.serve.intake import MAX_CHARS_PER_TOKEN, OFF_LOOP_BYTES
 
 pytestmark = pytest.mark.anyio
 GUARD_S = 30

@@ -12,6 +12,7 @@ Importing this package imports Starlette, uvicorn and prometheus_client.
 
 from kvpool.serve.app import build_app
 from kvpool.serve.driver import EngineDriver, Output
+from kvpool.serve.intake import RequestLimits
 from kvpool.serve.server import running_server, serve
 from kvpool.serve.state import DEFAULT_MODEL_NAME, ServeState
 from kvpool.serve.tokenizer import BuiltinTokenizer, HfTokenizer, Tokenizer
@@ -22,6 +23,7 @@ __all__ = [
     "EngineDriver",
     "HfTokenizer",
     "Output",
+    "RequestLimits",
     "ServeState",
     "Tokenizer",
     "build_app",
