@@ -71,11 +71,10 @@ class _Server(uvicorn.Server):
             tasks.cancel_scope.cancel()
 
     async def _abort_at_deadline(self) -> None:
-        """Wait out ``shutdown_timeout`` (or a further signal), then abort everything
-        still in flight."""
-        signals = self.signals
+        """Wait out ``shutdown_timeout`` (or a second signal, however soon after the
+        first), then abort everything still in flight."""
         with anyio.move_on_after(self.shutdown_timeout):
-            while self.signals <= signals:
+            while self.signals < 2:
                 await anyio.sleep(0.02)
         for driver in self.state.drivers:
             driver.abort_all()
