@@ -260,7 +260,7 @@ async def refusals(streams: int) -> None:
     limits = state.limits
     print(
         f"refusals at speedup 1: {streams} streams decoding, a probe of small requests "
-        f"(body limit {limits.max_request_body_bytes:,} bytes, batches of at most "
+        f"(body limit {limits.body_bytes:,} bytes, batches of at most "
         f"{limits.max_batch_prompts})"
     )
     for name, outcome, _, seconds in outcomes:

@@ -437,7 +437,8 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_int_at_least(1),
         metavar="BYTES",
         help="largest request body kept; a larger one gets 413, its rest dropped, as a "
-        "reverse proxy would refuse it (default: 16777216, 16 MiB)",
+        "reverse proxy would refuse it (default: 64 bytes a token of the largest "
+        "request, blocks x block size, and at least 1 MiB)",
     )
     http.add_argument(
         "--max-batch-prompts",

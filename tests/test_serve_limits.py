@@ -5,6 +5,7 @@ tokenized, and big bodies are parsed on a worker thread. Real sockets on loopbac
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any
 
@@ -114,6 +115,18 @@ async def test_a_client_sending_50_mb_whole_gets_413_not_a_reset() -> None:
     assert status == 413
     assert b"connection: close" in headers.lower()
     assert calls(state) == []
+
+
+@pytest.mark.parametrize("blocks", [64, 1024, 65536])
+def test_the_default_body_limit_takes_the_largest_prompts_and_no_50_mb(blocks: int) -> None:
+    state = ServeState(EngineConfig(num_gpu_blocks=blocks, block_size=16))
+    tokens = state.max_model_len
+    text = json.dumps({"model": MODEL, "prompt": "x" * (tokens * MAX_CHARS_PER_TOKEN)})
+    ids = json.dumps({"model": MODEL, "prompt": [2**32 - 1] * tokens})
+    assert len(text) <= state.limits.body_bytes
+    assert len(ids) <= state.limits.body_bytes
+    if tokens <= 2**17:  # up to 128k tokens of context: a 50 MB body is no prompt
+        assert state.limits.body_bytes < FIFTY_MB
 
 
 async def test_a_chunked_body_is_refused_once_it_outgrows_the_limit() -> None:

@@ -255,7 +255,7 @@ class _Api:
 
     async def completions(self, request: Request) -> Response:
         try:
-            raw = await read_body(request, self.state.limits.max_request_body_bytes)
+            raw = await read_body(request, self.state.limits.body_bytes)
             body, base, specs = await off_loop(len(raw), partial(self._completion, raw))
             jobs = self._start(specs)
         except ClientGone:
@@ -275,7 +275,7 @@ class _Api:
 
     async def chat(self, request: Request) -> Response:
         try:
-            raw = await read_body(request, self.state.limits.max_request_body_bytes)
+            raw = await read_body(request, self.state.limits.body_bytes)
             body, base, spec = await off_loop(len(raw), partial(self._chat, raw))
             jobs = self._start([spec])
         except ClientGone:

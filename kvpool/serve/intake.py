@@ -1,7 +1,8 @@
 """What a request body must pass before anything costly is done with it, so that no
 request can stall the others (they share one event loop with the engines).
 
-- The body is read within a limit (`RequestLimits.max_request_body_bytes`): a declared
+- The body is read within a limit (`RequestLimits.max_request_body_bytes`, by default
+  `default_body_bytes` of ``max_model_len``): a declared
   ``Content-Length`` beyond it is refused before a byte of the body is kept, an
   undeclared (chunked) body as soon as it grows beyond it, with 413 and
   ``Connection: close``, as a reverse proxy would. Like nginx's lingering close, the
@@ -34,8 +35,15 @@ from kvpool.serve.protocol import ApiError, Prompt
 
 _T = TypeVar("_T")
 
-DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 2**20
-"""16 MiB: a context of a million token ids fits, a runaway upload does not."""
+BODY_BYTES_PER_TOKEN = 64
+"""The default body limit is this many bytes a token of ``max_model_len`` (at least
+`MIN_MAX_REQUEST_BODY_BYTES`): room for the longest text prompt (`MAX_CHARS_PER_TOKEN`
+characters a token) or token-id prompt (at most 11 bytes an id) twice over, and no
+more, since a body is parsed holding the interpreter's lock (msgspec: about 14 ms a
+MiB of token ids, 50 ms a MiB of one-word batch prompts), a stall for every request
+however it is parsed."""
+MIN_MAX_REQUEST_BODY_BYTES = 2**20
+"""1 MiB (nginx's default ``client_max_body_size``): the least default body limit."""
 DEFAULT_MAX_BATCH_PROMPTS = 2048
 """The most prompts one ``/v1/completions`` batch may hold (OpenAI's own cap)."""
 MAX_CHARS_PER_TOKEN = 32
@@ -50,20 +58,40 @@ OFF_LOOP_TOKENS = 4096
 """Answers of more tokens than this are detokenized on a worker thread."""
 
 
+def default_body_bytes(max_model_len: int) -> int:
+    """The body limit when none is given: `BODY_BYTES_PER_TOKEN` a token of
+    ``max_model_len``, at least `MIN_MAX_REQUEST_BODY_BYTES`."""
+    return max(MIN_MAX_REQUEST_BODY_BYTES, BODY_BYTES_PER_TOKEN * max_model_len)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
-    """A server's limits on one request (see the module doc)."""
+    """A server's limits on one request (see the module doc). ``max_request_body_bytes``
+    None means `default_body_bytes` of the server's ``max_model_len`` (`for_context`)."""
 
-    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_request_body_bytes: int | None = None
     max_batch_prompts: int = DEFAULT_MAX_BATCH_PROMPTS
 
     def __post_init__(self) -> None:
-        if self.max_request_body_bytes < 1:
+        if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1:
             raise ValueError(
                 f"max_request_body_bytes must be >= 1, got {self.max_request_body_bytes}"
             )
         if self.max_batch_prompts < 1:
             raise ValueError(f"max_batch_prompts must be >= 1, got {self.max_batch_prompts}")
+
+    def for_context(self, max_model_len: int) -> RequestLimits:
+        """These limits with the body limit settled for ``max_model_len``."""
+        if self.max_request_body_bytes is not None:
+            return self
+        return RequestLimits(default_body_bytes(max_model_len), self.max_batch_prompts)
+
+    @property
+    def body_bytes(self) -> int:
+        """The body limit (once settled by `for_context`)."""
+        if self.max_request_body_bytes is None:
+            raise ValueError("the body limit is not settled: call for_context first")
+        return self.max_request_body_bytes
 
 
 class BodyTooLarge(ApiError):
@@ -153,7 +181,8 @@ async def off_loop(size: int, work: Callable[[], _T], *, threshold: int = OFF_LO
 
 __all__ = [
     "DEFAULT_MAX_BATCH_PROMPTS",
-    "DEFAULT_MAX_REQUEST_BODY_BYTES",
+    "BODY_BYTES_PER_TOKEN",
+    "MIN_MAX_REQUEST_BODY_BYTES",
     "LINGER_S",
     "MAX_CHARS_PER_TOKEN",
     "OFF_LOOP_BYTES",
@@ -163,6 +192,7 @@ __all__ = [
     "RequestLimits",
     "check_prompt_sizes",
     "check_text_length",
+    "default_body_bytes",
     "off_loop",
     "read_body",
 ]

@@ -44,7 +44,9 @@ class ServeState:
         self.config = config
         self.model_name = model_name
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else BuiltinTokenizer()
-        self.limits = limits if limits is not None else RequestLimits()
+        self.limits = (limits if limits is not None else RequestLimits()).for_context(
+            self.max_model_len
+        )
         self.metrics = ServeMetrics(model_name, config, data_parallel_size)
         self.created = int(time.time())
         self.drivers = [
