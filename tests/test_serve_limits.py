@@ -16,7 +16,8 @@ from raw_http import connect, read_head, request_bytes
 
 from kvpool.engine import EngineConfig
 from kvpool.serve import BuiltinTokenizer, RequestLimits, ServeState, running_server
-from kvpool.serve.intake import MAX_CHARS_PER_TOKEN, OFF_LOOP_BYTES
+from kvpool.serve.intake import MAX_CHARS_PER_TOKEN, OFF_LOOP_BYTES, check_batch_unparsed
+from kvpool.serve.protocol import ApiError
 
 pytestmark = pytest.mark.anyio
 GUARD_S = 30
@@ -161,10 +162,33 @@ async def test_a_50000_prompt_batch_is_refused_before_any_prompt_is_tokenized() 
                 json={"model": MODEL, "prompt": ["a", "b"] * 1024, "max_tokens": 1},
             )
     assert status == 400
-    assert "at most 2048 prompts, got 50000" in answer
+    assert "at most 2048 prompts, got 50000" in answer  # counted before it was decoded
     assert within.status_code == 200
     assert len(within.json()["choices"]) == 2048
     assert len(calls(state)) == 2048  # the refused batch tokenized nothing
+
+
+@pytest.mark.parametrize(
+    ("prompt", "refused"),
+    [
+        pytest.param(["w"] * 2049, True, id="texts"),
+        pytest.param([[1, 2]] * 2049, True, id="id-lists"),
+        pytest.param(['say "hi", \\'] * 1025, False, id="escapes-undercount"),
+        pytest.param(["w"] * 2048, False, id="at-the-limit"),
+        pytest.param(list(range(100_000)), False, id="one-id-prompt"),
+        pytest.param("a [ text [ with [ brackets", False, id="one-text"),
+    ],
+)
+def test_a_batch_is_counted_in_its_raw_json_before_it_is_decoded(
+    prompt: Any, refused: bool
+) -> None:
+    raw = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
+    if refused:
+        with pytest.raises(ApiError, match="at most 2048 prompts, got 2049"):
+            check_batch_unparsed(raw, RequestLimits())
+    else:
+        check_batch_unparsed(raw, RequestLimits())
+    check_batch_unparsed(b'{"prompt": [', RequestLimits())  # malformed: the decode's job
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])

@@ -38,9 +38,11 @@ from starlette.types import Receive, Scope, Send
 from kvpool.serve.disconnect import unless_disconnected
 from kvpool.serve.driver import EngineDriver, Output
 from kvpool.serve.intake import (
+    OFF_LOOP_BYTES,
     OFF_LOOP_TOKENS,
     BodyTooLarge,
     ClientGone,
+    check_batch_unparsed,
     check_prompt_sizes,
     check_text_length,
     off_loop,
@@ -265,6 +267,8 @@ class _Api:
         return await self._answer(body, jobs, base, chat=False, receive=request.receive)
 
     def _completion(self, raw: bytes) -> tuple[CompletionRequest, str, list[RequestSpec]]:
+        if len(raw) > OFF_LOOP_BYTES:  # room for more prompts than a batch may hold
+            check_batch_unparsed(raw, self.state.limits)
         body = _decode(CompletionRequest, raw)
         max_tokens = self._max_tokens(body)
         check_prompt_sizes(body.prompt, self.state.limits, self.state.max_model_len)
