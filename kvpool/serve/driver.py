@@ -66,15 +66,18 @@ class Submit:
 
 @dataclass(frozen=True, slots=True)
 class Abort:
-    """Drop a request whose client went away; its blocks are freed leaf first."""
+    """Drop a request whose client went away; its blocks are freed leaf first. With
+    ``reason`` ``"stop"`` the client saw a stop string or token: the request counts as
+    finished, as vLLM counts a stop."""
 
     request_id: str
+    reason: str | None = None
 
 
 class _Live:
     """A request the driver is producing for."""
 
-    __slots__ = ("cached", "last_token", "reply", "request", "sent")
+    __slots__ = ("cached", "first_token", "last_token", "reply", "request", "scheduled", "sent")
 
     def __init__(self, request: EngineRequest, reply: Outbox[Output]) -> None:
         self.request = request
@@ -82,6 +85,8 @@ class _Live:
         self.sent = 0  # output tokens already sent
         self.cached: int | None = None  # prompt tokens reused at first admission
         self.last_token: float | None = None  # simulated time of the last token
+        self.first_token = 0.0  # simulated times of the first token, first admission
+        self.scheduled = 0.0
 
 
 class EngineDriver:
@@ -137,6 +142,12 @@ class EngineDriver:
         # shutting down: the closed reply stream makes the task abort it instead
         with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._send.send_nowait(Abort(request_id))
+
+    def stop(self, request_id: str) -> None:
+        """Like `abort`, for a request its client ended on a stop string or token: it
+        counts as finished with ``finished_reason="stop"``."""
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._send.send_nowait(Abort(request_id, "stop"))
 
     def close(self) -> None:
         """Accept no more requests; the task finishes the ones it has, then ends."""
@@ -196,7 +207,7 @@ class EngineDriver:
 
     async def _handle(self, engine: MockEngine, message: Submit | Abort) -> None:
         if isinstance(message, Abort):
-            await self._abort(engine, message.request_id)
+            await self._abort(engine, message.request_id, message.reason)
             return
         spec, reply = message.spec, message.reply
         paced = self.speedup_ratio > 0
@@ -211,10 +222,20 @@ class EngineDriver:
             return
         self._live[spec.request_id] = _Live(engine.waiting[-1], reply)
 
-    async def _abort(self, engine: MockEngine, request_id: str) -> None:
+    async def _abort(self, engine: MockEngine, request_id: str, reason: str | None = None) -> None:
         live = self._live.pop(request_id, None)
         if live is None:
             return  # finished (or aborted) already
+        if reason == "stop" and self._metrics is not None and live.last_token is not None:
+            self._metrics.finished(
+                arrival=live.request.arrival_s,
+                scheduled=live.scheduled,
+                first_token=live.first_token,
+                last_token=live.last_token,
+                prompt_tokens=live.request.spec.input_length,
+                generation_tokens=live.sent,
+                reason="stop",
+            )
         live.reply.end()
         await engine.abort(request_id)
         self.outstanding -= 1
@@ -238,6 +259,7 @@ class EngineDriver:
         clock = result.clock
         step_start = clock - result.duration_s
         gone: list[str] = []
+        iteration = 0  # vLLM's iteration tokens: prompt tokens computed plus generated
         for request_id, num_new in result.scheduled.items():
             live = self._live.get(request_id)
             if live is None:
@@ -245,23 +267,35 @@ class EngineDriver:
             request = live.request
             if live.cached is None:  # first admission: what it reused of its prompt
                 live.cached = request.num_computed - num_new
+                live.scheduled = step_start
                 if metrics is not None:
                     metrics.queue.observe(step_start - request.arrival_s)
                     metrics.prompt_tokens.inc(request.spec.input_length)
-            if request.num_output == live.sent:
+            generated = request.num_output - live.sent
+            decoding = live.last_token is not None and num_new == generated
+            iteration += generated if decoding else num_new + generated
+            if not generated:
                 continue  # a prefill chunk, or a recomputation after preemption
             output = request.spec.output
             tokens = [output.token(i) for i in range(live.sent, request.num_output)]
             live.sent = request.num_output
             finished = request.finish_s is not None
+            if live.last_token is None:
+                live.first_token = clock
             if metrics is not None:
                 if live.last_token is None:
                     metrics.ttft.observe(clock - request.arrival_s)
                 else:
-                    metrics.itl.observe(clock - live.last_token)
+                    metrics.token_gap(clock - live.last_token)
                 if finished:
-                    metrics.e2e.observe(clock - request.arrival_s)
-                    metrics.success.inc()
+                    metrics.finished(
+                        arrival=request.arrival_s,
+                        scheduled=live.scheduled,
+                        first_token=live.first_token,
+                        last_token=clock,
+                        prompt_tokens=request.spec.input_length,
+                        generation_tokens=live.sent,
+                    )
             live.last_token = clock
             if not live.reply.put(Output(tokens, live.cached, finished)):
                 gone.append(request_id)  # the client stopped listening
@@ -270,6 +304,8 @@ class EngineDriver:
                 live.reply.end()
                 del self._live[request_id]
                 self.outstanding -= 1
+        if metrics is not None and iteration:
+            metrics.iteration_tokens.observe(iteration)
         for request_id in gone:
             await self._abort(engine, request_id)
 
