@@ -179,7 +179,7 @@ async def test_openai_sdk_streams_concurrently_with_usage() -> None:
             "model",
             "does not exist",
             id="model",
-        ),  # fmt: skip
+        ),
         pytest.param(
             b'{"model": "kvpool-mock", "prompt": "x", "max_tokens": -1}',
             400,
@@ -187,7 +187,7 @@ async def test_openai_sdk_streams_concurrently_with_usage() -> None:
             "max_tokens",
             "at least 1",
             id="negative-max-tokens",
-        ),  # fmt: skip
+        ),
         pytest.param(
             b'{"model": "kvpool-mock", "prompt": "x", "max_tokens": 4, "min_tokens": 5}',
             400,
@@ -195,7 +195,7 @@ async def test_openai_sdk_streams_concurrently_with_usage() -> None:
             None,
             "min_tokens",
             id="min-above-max",
-        ),  # fmt: skip
+        ),
         pytest.param(
             b'{"model": "kvpool-mock", "prompt": [1, 2], "max_tokens": 1024}',
             400,
@@ -203,7 +203,7 @@ async def test_openai_sdk_streams_concurrently_with_usage() -> None:
             "max_tokens",
             "maximum context length is 1024",
             id="larger-than-the-cache",
-        ),  # fmt: skip
+        ),
         pytest.param(
             b'{"model": "kvpool-mock", "prompt": ""}',
             400,
@@ -211,7 +211,7 @@ async def test_openai_sdk_streams_concurrently_with_usage() -> None:
             "prompt",
             "non-empty",
             id="empty",
-        ),  # fmt: skip
+        ),
         pytest.param(
             b'{"model": "kvpool-mock", "prompt": [1, "a"]}',
             400,
@@ -219,7 +219,7 @@ async def test_openai_sdk_streams_concurrently_with_usage() -> None:
             "body.prompt",
             "prompt must",
             id="mixed",
-        ),  # fmt: skip
+        ),
         pytest.param(
             b'{"model": "kvpool-mock", "prompt": [-1]}',
             400,
@@ -227,7 +227,7 @@ async def test_openai_sdk_streams_concurrently_with_usage() -> None:
             "body.prompt",
             "greater than or equal to 0",
             id="negative-id",
-        ),  # fmt: skip
+        ),
     ],
 )
 async def test_bad_input_gets_vllms_status_and_error_body(
