@@ -309,7 +309,9 @@ def test_a_client_leaving_mid_upload_logs_no_traceback() -> None:
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                 b"\r\nContent-Length: 100000\r\n\r\n" + b'{"prompt": "' + b"a " * 100
             )
-        response = httpx.post(f"{served.url}/v1/completions", json={"prompt": "ok"}, timeout=30)
+        response = httpx.post(
+            f"{served.url}/v1/completions", json={"model": MODEL, "prompt": "ok"}, timeout=30
+        )
         assert response.status_code == 200
     finally:
         status, log = served.stop()
