@@ -471,6 +471,7 @@ class _Api:
         kind = "chat.completion.chunk" if chat else "text_completion"
         body = plan.body
         continuous = body.continuous_usage
+        echo = plan.echo
 
         def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
             payload: dict[str, Any] = {
@@ -505,17 +506,17 @@ class _Api:
             text, logprobs = choice.absorb(output, chat=chat)
             if choice.error is not None:
                 return b"data: " + _json.encode(ApiError(choice.error).body()) + b"\n\n"
-            if plan.echo and choice.index not in echoed:
+            if echo and choice.index not in echoed:
                 echoed.add(choice.index)
                 text = self._prompt_text(plan.prompts[choice.prompt_index]) + text
             field = text_field % _json.encode(text) if text else no_text
-            reason = choice.finish_reason
+            reason, stop_reason = choice.finish_reason, choice.stop_reason
             encoded = choice_template % (
                 choice.index,
                 field,
-                _json.encode(logprobs),
-                _json.encode(reason),
-                _json.encode(choice.stop_reason),
+                b"null" if logprobs is None else _json.encode(logprobs),
+                b"null" if reason is None else _json.encode(reason),
+                b"null" if stop_reason is None else _json.encode(stop_reason),
             )
             if continuous:
                 return chunk([msgspec.json.decode(encoded)], choice_usage(choice))

@@ -35,6 +35,7 @@ class Choice:
         "index",
         "logprobs",
         "logprobs_k",
+        "plain",
         "prompt_index",
         "stop_reason",
         "text_offset",
@@ -70,6 +71,8 @@ class Choice:
         self.error: str | None = None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        # no stop strings, stop tokens or logprobs: the per-token fast path
+        self.plain = not (self.detokenizer.stop or self._stop_ids or self.logprobs_k is not None)
 
     @property
     def finished(self) -> bool:
@@ -91,6 +94,10 @@ class Choice:
         detokenizer = self.detokenizer
         vocab = self._tokenizer.vocab_size
         ids = [t % vocab for t in output.token_ids]
+        if self.plain:
+            if output.finished:
+                self.finish_reason = "length"
+            return detokenizer.step(ids, output.finished), None
         before = len(detokenizer.token_ids)
         stop_token = None
         if self._stop_ids:

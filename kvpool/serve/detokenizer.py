@@ -136,16 +136,30 @@ class IncrementalDetokenizer:
             self.output_text = self.output_text[:truncate_to]
         return stop_string
 
-    def finish(self) -> None:
-        """The output ended by length: add the text of a held-back incomplete character,
-        as decoding the whole sequence renders it."""
+    def _flush(self) -> str:
         if self._free or self._read == len(self._ids):
-            return
+            return ""
         decode = self._tokenizer.decode
         prefix_text = decode(self._ids[self._prefix : self._read], self._skip_special)
         new_text = decode(self._ids[self._prefix :], self._skip_special)
-        self.output_text += new_text[len(prefix_text) :]
         self._prefix = self._read = len(self._ids)
+        return new_text[len(prefix_text) :]
+
+    def finish(self) -> None:
+        """The output ended by length: add the text of a held-back incomplete character,
+        as decoding the whole sequence renders it."""
+        self.output_text += self._flush()
+
+    def step(self, new_ids: Sequence[int], finished: bool) -> str:
+        """`update`, `finish` when ``finished``, then `next_text`, for an output with no
+        stop strings: the per-token path, which keeps no text (the caller does)."""
+        self.token_ids.extend(new_ids)
+        if self._free:
+            decode_token = self._tokenizer.decode_token
+            text = "".join([decode_token(t) for t in new_ids])
+        else:
+            text = "".join([self._decode_next(t) for t in new_ids])
+        return text + self._flush() if finished else text
 
     def next_text(self, finished: bool) -> str:
         """The text not handed out yet, less the stop-string hold-back unless

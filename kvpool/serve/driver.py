@@ -286,7 +286,7 @@ class EngineDriver:
                 if live.last_token is None:
                     metrics.ttft.observe(clock - request.arrival_s)
                 else:
-                    metrics.token_gap(clock - live.last_token)
+                    metrics.itl.observe(clock - live.last_token)
                 if finished:
                     metrics.finished(
                         arrival=request.arrival_s,

@@ -20,7 +20,11 @@ failures `kvpool.serve.failures` injected (no vLLM counterpart).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from kvpool.engine import EngineConfig
 
@@ -38,6 +42,26 @@ _LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+
+
+class _Alias(Collector):
+    """A histogram's series under a legacy name, copied when /metrics is read (so an
+    observation costs nothing more)."""
+
+    def __init__(self, source: Histogram, name: str, documentation: str) -> None:
+        self._source = source
+        self._name = name
+        self._documentation = documentation
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            alias = Metric(self._name, self._documentation, "histogram")
+            for sample in family.samples:
+                suffix = sample.name[len(family.name) :]
+                if suffix == "_created":  # the original's creation time, not a value
+                    continue
+                alias.add_sample(self._name + suffix, sample.labels, sample.value)
+            yield alias
 
 
 def tokens_buckets(max_model_len: int) -> list[float]:
@@ -135,10 +159,11 @@ class ServeMetrics:
             "Histogram of time_per_output_token_seconds per request.", _LABELS,
             buckets=_ITL_BUCKETS, registry=r,
         )  # fmt: skip
-        self.legacy_tpot = Histogram(
-            "vllm:time_per_output_token_seconds",
-            "Inter-token latency in seconds (legacy name).", _LABELS,
-            buckets=_ITL_BUCKETS, registry=r,
+        r.register(
+            _Alias(
+                self.itl, "vllm:time_per_output_token_seconds",
+                "Inter-token latency in seconds (legacy name).",
+            )
         )  # fmt: skip
         self.inference = Histogram(
             "vllm:request_inference_time_seconds",
@@ -201,7 +226,7 @@ class RankMetrics:
 
     __slots__ = (
         "decode", "e2e", "generation_tokens", "gpu_hits", "gpu_queries", "gpu_usage", "hits",
-        "inference", "iteration_tokens", "itl", "legacy_tpot", "preemptions", "prefill",
+        "inference", "iteration_tokens", "itl", "preemptions", "prefill",
         "prompt_tokens", "queries", "queue", "request_generation_tokens",
         "request_prompt_tokens", "running", "stopped", "success", "tpot", "ttft", "usage",
         "waiting",
@@ -230,15 +255,9 @@ class RankMetrics:
         self.request_generation_tokens: Histogram = m.request_generation_tokens.labels(*label)
         self.iteration_tokens: Histogram = m.iteration_tokens.labels(*label)
         self.tpot: Histogram = m.tpot.labels(*label)
-        self.legacy_tpot: Histogram = m.legacy_tpot.labels(*label)
         self.inference: Histogram = m.inference.labels(*label)
         self.prefill: Histogram = m.prefill.labels(*label)
         self.decode: Histogram = m.decode.labels(*label)
-
-    def token_gap(self, seconds: float) -> None:
-        """An inter-token latency (and its legacy name)."""
-        self.itl.observe(seconds)
-        self.legacy_tpot.observe(seconds)
 
     def finished(
         self,
