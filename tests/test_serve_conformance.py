@@ -147,6 +147,11 @@ async def test_chat_refuses_what_the_mock_cannot_do() -> None:
             top = await c.post(
                 "/v1/chat/completions", json={"messages": messages, "top_logprobs": 2}
             )
+            image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}
+            media = await c.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": [image]}]},
+            )
             fine = await c.post(
                 "/v1/chat/completions",
                 json={"messages": messages, "chat_template_kwargs": {"enable_thinking": False}},
@@ -155,6 +160,8 @@ async def test_chat_refuses_what_the_mock_cannot_do() -> None:
     assert tools.json()["error"]["param"] == "tools"
     assert top.status_code == 400  # top_logprobs needs logprobs: true
     assert top.json()["error"]["param"] == "top_logprobs"
+    assert media.status_code == 400  # never silently dropped
+    assert media.json()["error"]["param"] == "messages"
     assert fine.status_code == 200
 
 
@@ -240,6 +247,7 @@ async def test_logprobs_are_deterministic_and_shaped_like_vllms() -> None:
             body = {"prompt": "a b c", "max_tokens": 5, "logprobs": 2}
             first = await post(c, "/v1/completions", body)
             second = await post(c, "/v1/completions", body)
+            as_ids = await post(c, "/v1/completions", {**body, "return_tokens_as_token_ids": True})
             messages = [{"role": "user", "content": "hi"}]
             chat = await post(
                 c,
@@ -257,6 +265,9 @@ async def test_logprobs_are_deterministic_and_shaped_like_vllms() -> None:
     ):
         assert len(top) == 2
         assert top[token] == value == max(top.values())
+    ids = as_ids["choices"][0]["logprobs"]["tokens"]
+    assert all(token.startswith("token_id:") for token in ids)
+    assert as_ids["choices"][0]["logprobs"]["token_logprobs"] == logprobs["token_logprobs"]
     offsets = logprobs["text_offset"]
     assert offsets == [sum(map(len, logprobs["tokens"][:i])) for i in range(5)]
     content = chat["choices"][0]["logprobs"]["content"]

@@ -424,7 +424,7 @@ class _Api:
             prompt = plan.prompts[choice.prompt_index]
             if plan.echo:
                 text = self._prompt_text(prompt) + text
-                logprobs = self._echo_logprobs(prompt, choice)
+                logprobs = self._echo_logprobs(plan, prompt, choice)
             body.append(
                 {
                     "index": choice.index,
@@ -445,7 +445,7 @@ class _Api:
             }
         )
 
-    def _echo_logprobs(self, prompt: _Prompt, choice: Choice) -> Any:
+    def _echo_logprobs(self, plan: _Plan, prompt: _Prompt, choice: Choice) -> Any:
         """An echoed prompt's logprobs before the output's (the first token has none,
         as in vLLM), or None without logprobs."""
         k = choice.logprobs_k
@@ -453,7 +453,8 @@ class _Api:
             return None
         tokenizer = self.state.tokenizer
         ids = [t % tokenizer.vocab_size for t in prompt.ids]
-        head = completion_logprobs(tokenizer, ids, -len(ids), k, 0)
+        as_ids = bool(plan.body.return_tokens_as_token_ids)
+        head = completion_logprobs(tokenizer, ids, -len(ids), k, 0, as_ids)
         head["token_logprobs"][0] = None
         head["top_logprobs"][0] = None
         tail = choice.logprobs

@@ -26,6 +26,7 @@ class Choice:
     """The state of one choice (see the module doc)."""
 
     __slots__ = (
+        "_as_ids",
         "_stop_ids",
         "_tokenizer",
         "cached",
@@ -65,6 +66,7 @@ class Choice:
         )
         self._stop_ids = frozenset(body.stop_token_ids or ())
         self.logprobs_k = body.sample_logprobs()
+        self._as_ids = bool(body.return_tokens_as_token_ids)
         self.logprobs: list[Any] | dict[str, list[Any]] | None = None
         self.text_offset = text_offset  # completions logprobs: where the output text starts
         self.cached = 0
@@ -123,11 +125,9 @@ class Choice:
         if k is None:
             return None
         if chat:
-            return {"content": chat_logprobs(self._tokenizer, ids, start, k)}
-        part = completion_logprobs(self._tokenizer, ids, start, k, self.text_offset)
-        if part["tokens"]:
-            last = part["text_offset"][-1] + len(part["tokens"][-1])
-            self.text_offset = last
+            return {"content": chat_logprobs(self._tokenizer, ids, start, k, self._as_ids)}
+        part = completion_logprobs(self._tokenizer, ids, start, k, self.text_offset, self._as_ids)
+        self.text_offset += sum(len(self._tokenizer.decode_token(t)) for t in ids)
         return part
 
     def gather(self, part: Any) -> None:

@@ -31,8 +31,19 @@ def top_logprobs(token_id: int, position: int, vocab_size: int, k: int) -> list[
     return top
 
 
+def token_text(tokenizer: Tokenizer, token_id: int, as_id: bool) -> str:
+    """A token as logprobs show it: its text, or ``token_id:<id>`` with vLLM's
+    ``return_tokens_as_token_ids``."""
+    return f"token_id:{token_id}" if as_id else tokenizer.decode_token(token_id)
+
+
 def completion_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], start: int, k: int, text_offset: int
+    tokenizer: Tokenizer,
+    token_ids: list[int],
+    start: int,
+    k: int,
+    text_offset: int,
+    as_ids: bool = False,
 ) -> dict[str, Any]:
     """vLLM's ``CompletionLogProbs`` for output ids at positions ``start, ...``:
     ``tokens``, ``token_logprobs``, ``top_logprobs`` (text -> logprob, the sampled token
@@ -43,12 +54,12 @@ def completion_logprobs(
     offsets: list[int] = []
     for i, token_id in enumerate(token_ids):
         top = top_logprobs(token_id, start + i, tokenizer.vocab_size, k)
-        text = tokenizer.decode_token(token_id)
+        text = token_text(tokenizer, token_id, as_ids)
         tokens.append(text)
         values.append(top[0][1])
-        tops.append({tokenizer.decode_token(t): lp for t, lp in top})
+        tops.append({token_text(tokenizer, t, as_ids): lp for t, lp in top})
         offsets.append(text_offset)
-        text_offset += len(text)
+        text_offset += len(tokenizer.decode_token(token_id))
     return {
         "text_offset": offsets,
         "token_logprobs": values,
@@ -58,7 +69,7 @@ def completion_logprobs(
 
 
 def chat_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], start: int, k: int
+    tokenizer: Tokenizer, token_ids: list[int], start: int, k: int, as_ids: bool = False
 ) -> list[dict[str, Any]]:
     """vLLM's chat ``logprobs.content`` entries: ``token``, ``logprob``, ``bytes`` and
     the ``k`` most likely alternatives (``top_logprobs``)."""
@@ -67,9 +78,9 @@ def chat_logprobs(
         top = top_logprobs(token_id, start + i, tokenizer.vocab_size, max(k, 1))
         entries = []
         for t, lp in top[:k]:
-            text = tokenizer.decode_token(t)
+            text = token_text(tokenizer, t, as_ids)
             entries.append({"token": text, "logprob": lp, "bytes": list(text.encode())})
-        text = tokenizer.decode_token(token_id)
+        text = token_text(tokenizer, token_id, as_ids)
         content.append(
             {
                 "token": text,
@@ -81,4 +92,4 @@ def chat_logprobs(
     return content
 
 
-__all__ = ["chat_logprobs", "completion_logprobs", "top_logprobs"]
+__all__ = ["chat_logprobs", "completion_logprobs", "token_text", "top_logprobs"]

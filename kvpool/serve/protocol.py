@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from http import HTTPStatus
-from typing import Any, ClassVar, TypeAlias, TypeVar
+from typing import Any, ClassVar, Literal, TypeAlias, TypeVar
 
 import msgspec
 
@@ -124,6 +124,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
     prompt_logprobs: int | None = None
     logprob_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None
@@ -142,6 +143,12 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     repetition_detection: dict[str, Any] | None = None
     thinking_token_budget: int | None = None
     stream_interval: int | None = None
+    return_tokens_as_token_ids: bool | None = None
+    # render endpoints' fields, which vLLM's generation endpoints ignore
+    routed_experts_prompt_start: int = 0
+    return_token_offsets: bool | None = False
+    mm_payload: Literal["tensors", "none"] = "tensors"
+    return_mm_kwargs: bool | None = None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -212,6 +219,11 @@ class SamplingFields(msgspec.Struct, kw_only=True):
             raise ApiError("stop cannot contain an empty string.")
         if n > 1 and temperature < _SAMPLING_EPS:
             raise ApiError(f"n must be 1 when using greedy sampling, got {n}.")
+        if self.routed_experts_prompt_start < 0:
+            raise validation_error(
+                "1 validation error:\n  Input should be greater than or equal to 0",
+                "body.routed_experts_prompt_start",
+            )
         if self.priority != 0:
             raise ApiError("Priority scheduling is not enabled.", param="priority")
 
@@ -317,6 +329,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     documents: list[dict[str, str]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None  # no media: nothing to pass
+    mm_processor_kwargs: dict[str, Any] | None = None
+    return_prompt_text: bool | None = None
 
     def output_limit(self) -> int:
         """vLLM's order: ``max_completion_tokens``, then the deprecated ``max_tokens``."""
@@ -334,6 +349,7 @@ _CHAT_UNSUPPORTED: tuple[tuple[str, str], ...] = (
     ("continue_final_message", "continuing the final message"),
     ("documents", "documents"),
     ("chat_template", "chat templates"),
+    ("return_prompt_text", "returning the prompt text"),
 )
 _COMPLETION_UNSUPPORTED: tuple[tuple[str, str], ...] = (
     ("suffix", "suffixes"),
@@ -468,6 +484,15 @@ def check_chat(body: ChatCompletionRequest) -> None:
         )
     if not body.messages:
         raise ApiError("messages must not be empty", param="messages")
+    for message in body.messages:
+        if isinstance(message.content, list):
+            for part in message.content:
+                if part.get("type", "text") != "text":
+                    raise ApiError(
+                        f"messages: kvpool serve's mock engine takes text only, not "
+                        f"{part.get('type')!r} content",
+                        param="messages",
+                    )
     body.check_logprobs()
 
 
