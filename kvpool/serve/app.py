@@ -165,7 +165,7 @@ class _Plan:
     """What a valid request runs: its prompts and choices, one job per choice (none when
     ``echo`` with ``max_tokens`` 0 only returns the prompt)."""
 
-    __slots__ = ("base", "body", "chat", "choices", "failure", "jobs", "prompts")
+    __slots__ = ("base", "body", "chat", "choices", "failure", "jobs", "prompts", "specs")
 
     def __init__(self, body: SamplingFields, base: str, *, chat: bool) -> None:
         self.body = body
@@ -173,6 +173,7 @@ class _Plan:
         self.chat = chat
         self.prompts: list[_Prompt] = []
         self.choices: list[Choice] = []
+        self.specs: list[RequestSpec] = []  # one per choice, none if echo only
         self.jobs: list[_Job | None] = []
         self.failure: str | None = None
 
@@ -224,13 +225,14 @@ class _Api:
     def _plan(
         self, body: SamplingFields, base: str, prompts: list[_Prompt], *, chat: bool
     ) -> _Plan:
-        """Check the request's ranges, choose a failure, start one job per choice."""
+        """Check the request's ranges; make its choices and their engine requests (no
+        event loop needed: nothing is started)."""
         plan = _Plan(body, base, chat=chat)
         max_tokens = body.output_limit()
         echo_only = plan.echo and max_tokens == 0
         body.check_ranges(1 if echo_only else max_tokens)
         tokenizer = self.state.tokenizer
-        specs: list[RequestSpec] = []
+        specs = plan.specs
         n = body.choices
         for p, prompt in enumerate(prompts):
             echo_text = prompt.text if plan.echo and prompt.text is not None else ""
@@ -244,6 +246,14 @@ class _Api:
                     request_id = f"{base}-{p}-{c}"
                     specs.append(self._spec(request_id, prompt.ids, max_tokens, c))
         plan.prompts = prompts
+        if echo_only:
+            for choice in plan.choices:
+                choice.finish_reason = "length"
+        return plan
+
+    def _launch(self, plan: _Plan) -> None:
+        """Draw the request's injected failure (a refusal raises), then start its
+        engine requests (on the event loop: the drivers' outboxes wake it)."""
         failures = self.state.failures
         if failures is not None and failures.active:
             plan.failure = failures.draw()
@@ -251,13 +261,10 @@ class _Api:
                 self.state.metrics.failure(plan.failure)
                 if plan.failure != "disconnect":
                     raise failure_error(plan.failure, self.state.model_name)
-        if echo_only:
-            for choice in plan.choices:
-                choice.finish_reason = "length"
-            plan.jobs = [None] * len(plan.choices)
+        if plan.specs:
+            plan.jobs = list(self._start(plan.specs))
         else:
-            plan.jobs = list(self._start(specs))
-        return plan
+            plan.jobs = [None] * len(plan.choices)
 
     def _start(self, specs: list[RequestSpec]) -> list[_Job]:
         jobs: list[_Job] = []
@@ -274,12 +281,6 @@ class _Api:
                 job.release()
             raise
         return jobs
-
-    def _base_id(self, request: Request, body: SamplingFields, prefix: str) -> str:
-        """vLLM's response id: the ``X-Request-Id`` header, else ``request_id``, else a
-        random one, after the endpoint's prefix."""
-        given = request.headers.get("x-request-id") or body.request_id
-        return f"{prefix}-{given or uuid.uuid4().hex}"
 
     # ---------------------------------------------------------------- routes
 
@@ -316,14 +317,18 @@ class _Api:
         except ClientDisconnect:  # the client left mid-upload: nobody to answer
             return Response(status_code=400)
         try:
-            body = parse_completion(raw)
-            check_model(body, self.state.model_name)
-            check_completion(body)
-            prompts = self._prompts(body.prompt, body.add_special_tokens)
-            plan = self._plan(body, self._base_id(request, body, "cmpl"), prompts, chat=False)
+            plan = self._completion(raw, request.headers.get("x-request-id"))
+            self._launch(plan)
         except ApiError as exc:
             return _error(exc)
         return await self._answer(plan)
+
+    def _completion(self, raw: bytes, header_id: str | None) -> _Plan:
+        body = parse_completion(raw)
+        check_model(body, self.state.model_name)
+        check_completion(body)
+        prompts = self._prompts(body.prompt, body.add_special_tokens)
+        return self._plan(body, _base_id(header_id, body, "cmpl"), prompts, chat=False)
 
     async def chat(self, request: Request) -> Response:
         try:
@@ -331,16 +336,20 @@ class _Api:
         except ClientDisconnect:
             return Response(status_code=400)
         try:
-            body = parse_chat(raw)
-            check_model(body, self.state.model_name)
-            check_chat(body)
-            text = chat_prompt(body.messages)
-            ids = self.state.tokenizer.encode(text, body.add_special_tokens)
-            base = self._base_id(request, body, "chatcmpl")
-            plan = self._plan(body, base, [_Prompt(ids, text)], chat=True)
+            plan = self._chat(raw, request.headers.get("x-request-id"))
+            self._launch(plan)
         except ApiError as exc:
             return _error(exc)
         return await self._answer(plan)
+
+    def _chat(self, raw: bytes, header_id: str | None) -> _Plan:
+        body = parse_chat(raw)
+        check_model(body, self.state.model_name)
+        check_chat(body)
+        text = chat_prompt(body.messages)
+        ids = self.state.tokenizer.encode(text, body.add_special_tokens)
+        base = _base_id(header_id, body, "chatcmpl")
+        return self._plan(body, base, [_Prompt(ids, text)], chat=True)
 
     def _prompts(self, prompt: Any, special: bool) -> list[_Prompt]:
         """vLLM's prompt shapes: text, token ids, or a batch of either."""
@@ -389,26 +398,19 @@ class _Api:
         if plan.body.stream:
             return _EventStream(partial(self._stream, plan))
         try:
-            parts: list[list[str]] = [[] for _ in plan.choices]
-            for choice, job in zip(plan.choices, plan.jobs, strict=True):
-                if job is None:
-                    continue
-                async for output in job.outputs:
-                    text, logprobs = choice.absorb(output, chat=plan.chat)
-                    parts[choice.index].append(text)
-                    choice.gather(logprobs)
-                    if choice.finished:
-                        if choice.finish_reason == "stop":
-                            job.stopped()
-                        break
+            texts = await _collect(plan)
         finally:
             plan.release()
+        return self._whole(plan, texts)
+
+    def _whole(self, plan: _Plan, texts: list[str]) -> Response:
+        """A non-streamed response from its choices' texts."""
         for choice in plan.choices:
             if choice.error is not None:
                 return _error(ApiError(choice.error))
         body: list[dict[str, Any]] = []
         for choice in plan.choices:
-            text = "".join(parts[choice.index])
+            text = texts[choice.index]
             if plan.chat:
                 body.append(
                     {
@@ -591,6 +593,31 @@ class _Api:
             await write(last + b"data: [DONE]\n\n", False)
         finally:
             plan.release()
+
+
+async def _collect(plan: _Plan) -> list[str]:
+    """Every choice's text, its outputs read to the end (or to its stop, when its
+    engine request is ended as finished)."""
+    parts: list[list[str]] = [[] for _ in plan.choices]
+    for choice, job in zip(plan.choices, plan.jobs, strict=True):
+        if job is None:
+            continue
+        async for output in job.outputs:
+            text, logprobs = choice.absorb(output, chat=plan.chat)
+            parts[choice.index].append(text)
+            choice.gather(logprobs)
+            if choice.finished:
+                if choice.finish_reason == "stop":
+                    job.stopped()
+                break
+    return ["".join(part) for part in parts]
+
+
+def _base_id(header_id: str | None, body: SamplingFields, prefix: str) -> str:
+    """vLLM's response id: the ``X-Request-Id`` header, else ``request_id``, else a
+    random one, after the endpoint's prefix."""
+    given = header_id or body.request_id
+    return f"{prefix}-{given or uuid.uuid4().hex}"
 
 
 def _usage(prompts: list[_Prompt]) -> dict[str, Any]:
