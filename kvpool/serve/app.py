@@ -526,17 +526,15 @@ class _Api:
             return head + encoded + b"]}\n\n"
 
         try:
-            if chat:
-                first = [
-                    {
-                        "index": choice.index,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                    for choice in plan.choices
+            if chat:  # each choice opens with the assistant's role, in a chunk of its own
+                role = {"role": "assistant", "content": ""}
+                opening = [
+                    chunk(
+                        [{"index": c.index, "delta": role, "logprobs": None, "finish_reason": None}]
+                    )
+                    for c in plan.choices
                 ]
-                await write(chunk(first), True)
+                await write(b"".join(opening), True)
             pending = [c.index for c in plan.choices if not c.finished]
             if plan.failure == "disconnect":  # one event, then the connection is cut
                 if not chat and pending:
