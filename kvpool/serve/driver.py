@@ -66,12 +66,9 @@ class Submit:
 
 @dataclass(frozen=True, slots=True)
 class Abort:
-    """Drop a request whose client went away; its blocks are freed leaf first. With
-    ``reason`` ``"stop"`` the client saw a stop string or token: the request counts as
-    finished, as vLLM counts a stop."""
+    """Drop a request whose client went away; its blocks are freed leaf first."""
 
     request_id: str
-    reason: str | None = None
 
 
 class _Live:
@@ -119,6 +116,7 @@ class EngineDriver:
         self._start = 0.0
         self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
         self._slots: SlotKind | None = None  # the loop's wake-up path, for the outboxes
+        self._stopped: set[str] = set()  # requests their clients stopped (`stop`)
 
     # ------------------------------------------------------------ handler side
 
@@ -144,10 +142,12 @@ class EngineDriver:
             self._send.send_nowait(Abort(request_id))
 
     def stop(self, request_id: str) -> None:
-        """Like `abort`, for a request its client ended on a stop string or token: it
-        counts as finished with ``finished_reason="stop"``."""
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._send.send_nowait(Abort(request_id, "stop"))
+        """Like `abort`, for a request its client ended on a stop string or token: if
+        the engine has not finished it by then, it counts as finished with
+        ``finished_reason="stop"``, as vLLM counts a stop. (Marked here, at once, since
+        the request may be dropped at its next output, before its `Abort` is read.)"""
+        self._stopped.add(request_id)
+        self.abort(request_id)
 
     def close(self) -> None:
         """Accept no more requests; the task finishes the ones it has, then ends."""
@@ -207,7 +207,7 @@ class EngineDriver:
 
     async def _handle(self, engine: MockEngine, message: Submit | Abort) -> None:
         if isinstance(message, Abort):
-            await self._abort(engine, message.request_id, message.reason)
+            await self._abort(engine, message.request_id)
             return
         spec, reply = message.spec, message.reply
         paced = self.speedup_ratio > 0
@@ -222,11 +222,13 @@ class EngineDriver:
             return
         self._live[spec.request_id] = _Live(engine.waiting[-1], reply)
 
-    async def _abort(self, engine: MockEngine, request_id: str, reason: str | None = None) -> None:
+    async def _abort(self, engine: MockEngine, request_id: str) -> None:
         live = self._live.pop(request_id, None)
+        stopped = request_id in self._stopped
+        self._stopped.discard(request_id)
         if live is None:
             return  # finished (or aborted) already
-        if reason == "stop" and self._metrics is not None and live.last_token is not None:
+        if stopped and self._metrics is not None and live.last_token is not None:
             self._metrics.finished(
                 arrival=live.request.arrival_s,
                 scheduled=live.scheduled,
