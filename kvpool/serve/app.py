@@ -249,6 +249,7 @@ class _Api:
         if echo_only:
             for choice in plan.choices:
                 choice.finish_reason = "length"
+                choice.finished = True
         return plan
 
     def _launch(self, plan: _Plan) -> None:
@@ -563,10 +564,11 @@ class _Api:
                         }
                     ]
                 )
+            choices, jobs = plan.choices, plan.jobs
             while pending:
                 for index in list(pending):
-                    choice = plan.choices[index]
-                    job = plan.jobs[index]
+                    choice = choices[index]
+                    job = jobs[index]
                     assert job is not None
                     outputs = job.outputs
                     try:

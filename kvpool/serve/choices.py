@@ -6,8 +6,10 @@ an `IncrementalDetokenizer`), why it finished (``"length"``; ``"stop"`` with the
 string or token id as ``stop_reason``) and its logprobs. A ``stop_token_ids`` token ends
 the output once ``min_tokens`` tokens exist (the token counts in the usage, its text is
 left out unless ``include_stop_str_in_output``); a stop string once more than
-``min_tokens`` do. The engine keeps generating until told: the app aborts the request
-(`EngineDriver.stop`) once its choice has stopped.
+``min_tokens`` do. The engine keeps generating until told: the app ends the request
+(`EngineDriver.stop`) once its choice has stopped, and /metrics counts it with
+``finished_reason="stop"``; one the engine finished first (its last tokens were already
+generated, as happens at ``--speedup-ratio 0``) stays counted as ``"length"``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Choice:
         "detokenizer",
         "error",
         "finish_reason",
+        "finished",
         "index",
         "logprobs",
         "logprobs_k",
@@ -73,12 +76,9 @@ class Choice:
         self.error: str | None = None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        self.finished = False  # a finish reason or an error is set
         # no stop strings, stop tokens or logprobs: the per-token fast path
         self.plain = not (self.detokenizer.stop or self._stop_ids or self.logprobs_k is not None)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None or self.error is not None
 
     @property
     def num_tokens(self) -> int:
@@ -91,6 +91,7 @@ class Choice:
         (None when not asked for)."""
         if output.error is not None:
             self.error = output.error
+            self.finished = True
             return "", None
         self.cached = output.cached_tokens
         detokenizer = self.detokenizer
@@ -99,6 +100,7 @@ class Choice:
         if self.plain:
             if output.finished:
                 self.finish_reason = "length"
+                self.finished = True
             return detokenizer.step(ids, output.finished), None
         before = len(detokenizer.token_ids)
         stop_token = None
@@ -116,7 +118,8 @@ class Choice:
         elif output.finished:
             detokenizer.finish()
             self.finish_reason = "length"
-        text = detokenizer.next_text(self.finish_reason is not None)
+        self.finished = self.finish_reason is not None
+        text = detokenizer.next_text(self.finished)
         kept = detokenizer.token_ids[before:]
         return text, self._logprobs_for(kept, before, chat=chat)
 

@@ -273,14 +273,16 @@ class EngineDriver:
                 if metrics is not None:
                     metrics.queue.observe(step_start - request.arrival_s)
                     metrics.prompt_tokens.inc(request.spec.input_length)
-            generated = request.num_output - live.sent
-            decoding = live.last_token is not None and num_new == generated
-            iteration += generated if decoding else num_new + generated
+            num_output = request.num_output
+            generated = num_output - live.sent
+            iteration += num_new  # a decode's one token; else its prompt and first token
             if not generated:
                 continue  # a prefill chunk, or a recomputation after preemption
+            if live.last_token is None or num_new != generated:
+                iteration += generated
             output = request.spec.output
-            tokens = [output.token(i) for i in range(live.sent, request.num_output)]
-            live.sent = request.num_output
+            tokens = [output.token(i) for i in range(live.sent, num_output)]
+            live.sent = num_output
             finished = request.finish_s is not None
             if live.last_token is None:
                 live.first_token = clock
