@@ -232,6 +232,7 @@ class _Api:
         echo_only = plan.echo and max_tokens == 0
         body.check_ranges(1 if echo_only else max_tokens)
         tokenizer = self.state.tokenizer
+        body.check_logprobs(tokenizer.vocab_size)
         specs = plan.specs
         n = body.choices
         for p, prompt in enumerate(prompts):

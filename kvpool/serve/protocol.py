@@ -232,12 +232,14 @@ class SamplingFields(msgspec.Struct, kw_only=True):
         logprobs)."""
         raise NotImplementedError
 
-    def check_logprobs(self) -> None:
+    def check_logprobs(self, vocab_size: int) -> None:
+        """vLLM's ``_validate_logprobs`` (-1 asks for the whole vocabulary)."""
         wanted = self.sample_logprobs()
-        if wanted is not None and (wanted == -1 or wanted > MAX_LOGPROBS):
-            shown = "vocab size" if wanted == -1 else wanted
+        if wanted == -1:
+            wanted = vocab_size
+        if wanted is not None and wanted > MAX_LOGPROBS:
             raise ApiError(
-                f"Requested sample logprobs of {shown}, which is greater than max allowed: "
+                f"Requested sample logprobs of {wanted}, which is greater than max allowed: "
                 f"{MAX_LOGPROBS}",
                 param="logprobs",
             )
@@ -465,7 +467,6 @@ def check_model(body: SamplingFields, served: str) -> None:
 def check_completion(body: CompletionRequest) -> None:
     """What the mock refuses of a completions request, after vLLM's own checks."""
     unsupported(body, _COMPLETION_UNSUPPORTED)
-    body.check_logprobs()
 
 
 def check_chat(body: ChatCompletionRequest) -> None:
@@ -493,7 +494,6 @@ def check_chat(body: ChatCompletionRequest) -> None:
                         f"{part.get('type')!r} content",
                         param="messages",
                     )
-    body.check_logprobs()
 
 
 def chat_prompt(messages: list[ChatMessage]) -> str:
