@@ -12,7 +12,8 @@ them in turn). The bodies are those vLLM 0.33 sends for the status:
   message (what its admission control sends);
 - ``server_error``: 500, ``type: "InternalServerError"`` (vLLM's ``GenerationError``);
 - ``disconnect``: the connection closes mid-response: a stream after its first chunk
-  (the request really starts, and is aborted), any other response after its headers.
+  (the request really starts, and is aborted), any other response after its headers
+  (uvicorn logs one "returned without completing response" line for each).
 
 Requests refused before this point (a bad body, an unknown model) are not failures and
 do not count toward ``--fail-first``. Each failure increments
