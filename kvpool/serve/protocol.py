@@ -41,6 +41,10 @@ _SAMPLING_EPS = 1e-5
 _INT64 = 2**63
 
 Stop: TypeAlias = str | list[str] | None
+Prompt: TypeAlias = str | list[str | int | list[int]]
+"""A ``/v1/completions`` prompt once parsed: text, token ids, or a batch of either
+(`CompletionRequest.prompt` is decoded untyped and checked by the app, which tells the
+shapes apart)."""
 
 
 class ApiError(Exception):
@@ -296,7 +300,7 @@ def unsupported(body: SamplingFields, extra: tuple[tuple[str, str], ...] = ()) -
 class CompletionRequest(SamplingFields, kw_only=True):
     """POST /v1/completions."""
 
-    prompt: Any = None  # str | list[str] | list[int] | list[list[int]]: see `prompts`
+    prompt: Any = None  # a `Prompt`, shapes checked by the app
     echo: bool | None = False
     logprobs: int | None = None
     suffix: str | None = None
@@ -517,6 +521,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "Prompt",
     "SamplingFields",
     "StreamOptions",
     "chat_prompt",
