@@ -177,13 +177,15 @@ def stop_count(metrics: str) -> float:
 
 
 async def test_stop_strings_end_the_output_streamed_or_not() -> None:
-    state = small_state(speedup_ratio=1.0)  # paced: a stop is seen before the engine ends
+    state = small_state(speedup_ratio=1.0)  # paced: the stop comes long before the end
     with anyio.fail_after(GUARD_S):
         async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
-            body = {"prompt": "tell me a story", "max_tokens": 8}
-            full = (await post(client, "/v1/completions", body))["choices"][0]["text"]
+            prompt = {"prompt": "tell me a story"}
+            first = {**prompt, "max_tokens": 8}  # the same prompt: the same first words
+            full = (await post(client, "/v1/completions", first))["choices"][0]["text"]
             words = full.split()
             stop = words[3]  # the fourth word: the first three come before it
+            body = {**prompt, "max_tokens": 200}
             stopped = await post(client, "/v1/completions", {**body, "stop": [stop, "zzz"]})
             kept = await post(
                 client,
@@ -196,7 +198,7 @@ async def test_stop_strings_end_the_output_streamed_or_not() -> None:
             )
             for _ in range(100):  # the engine counts a stop when it drops the request
                 metrics = (await client.get("/metrics")).text
-                if stop_count(metrics) >= 3:
+                if stop_count(metrics) >= 4:
                     break
                 await anyio.sleep(0.02)
     (choice,) = stopped["choices"]
@@ -204,12 +206,13 @@ async def test_stop_strings_end_the_output_streamed_or_not() -> None:
     assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop)
     assert stopped["usage"]["completion_tokens"] == 4  # the token completing the stop counts
     assert kept["choices"][0]["text"] == full[: full.index(stop) + len(stop)]
-    # min_tokens: no stop is looked for before 6 tokens; none of the later words match
-    assert late["choices"][0]["finish_reason"] == ("stop" if stop in words[6:] else "length")
+    # min_tokens: no stop is looked for before 6 tokens; a later occurrence ends it
+    assert late["choices"][0]["finish_reason"] == "stop"
+    assert late["usage"]["completion_tokens"] > 6
     chunks = streamed(stream)
     assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert 3 <= stop_count(metrics) <= 4  # stopped, kept, streamed (and late, if it stopped)
+    assert stop_count(metrics) == 4  # as vLLM counts them: finished, reason "stop"
     assert state.leaked_blocks == 0
 
 
