@@ -347,3 +347,28 @@ def test_a_client_leaving_mid_upload_logs_no_traceback() -> None:
     assert status == 0, log
     assert "Traceback" not in log
     assert "ClientDisconnect" not in log
+
+
+async def test_return_token_ids_gives_the_ids_of_the_text(tmp_path: Path) -> None:
+    tokenizer = word_tokenizer(tmp_path)
+    state = small_state(tokenizer=tokenizer)
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            body = {"prompt": "w1 w2 w3", "max_tokens": 5, "return_token_ids": True}
+            plain = await post(client, "/v1/completions", body)
+            stream = await client.post("/v1/completions", json={**body, "stream": True})
+            messages = [{"role": "user", "content": "w4 w5"}]
+            chat = await post(
+                client,
+                "/v1/chat/completions",
+                {"messages": messages, "max_tokens": 2, "return_token_ids": True},
+            )
+    (choice,) = plain["choices"]
+    assert choice["prompt_token_ids"] == [1, 2, 3]
+    assert [WORDS[i] for i in choice["token_ids"]] == choice["text"].split()
+    chunks = [c["choices"][0] for c in streamed(stream)]
+    assert chunks[0]["prompt_token_ids"] == [1, 2, 3]
+    assert [i for c in chunks for i in c["token_ids"]] == choice["token_ids"]
+    (message,) = chat["choices"]
+    assert [WORDS[i] for i in message["token_ids"]] == message["message"]["content"].split()
+    assert chat["prompt_token_ids"] == tokenizer.encode("user: w4 w5\nassistant:")

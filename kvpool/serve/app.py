@@ -411,43 +411,50 @@ class _Api:
             if choice.error is not None:
                 return _error(ApiError(choice.error))
         body: list[dict[str, Any]] = []
+        ids_wanted = bool(plan.body.return_token_ids)
         for choice in plan.choices:
             text = texts[choice.index]
-            if plan.chat:
-                body.append(
-                    {
-                        "index": choice.index,
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": choice.logprobs,
-                        "finish_reason": choice.finish_reason,
-                        "stop_reason": choice.stop_reason,
-                    }
-                )
-                continue
-            logprobs = choice.logprobs
             prompt = plan.prompts[choice.prompt_index]
-            if plan.echo:
-                text = self._prompt_text(prompt) + text
-                logprobs = self._echo_logprobs(plan, prompt, choice)
-            body.append(
-                {
+            output_ids = choice.detokenizer.token_ids
+            if plan.chat:
+                entry: dict[str, Any] = {
                     "index": choice.index,
-                    "text": text,
-                    "logprobs": logprobs,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": choice.logprobs,
                     "finish_reason": choice.finish_reason,
                     "stop_reason": choice.stop_reason,
                 }
-            )
-        return _response(
-            {
-                "id": plan.base,
-                "object": "chat.completion" if plan.chat else "text_completion",
-                "created": int(time.time()),
-                "model": self.state.model_name,
-                "choices": body,
-                "usage": _usage(plan.prompts),
+                if ids_wanted:
+                    entry["token_ids"] = output_ids
+                body.append(entry)
+                continue
+            logprobs = choice.logprobs
+            if plan.echo:
+                text = self._prompt_text(prompt) + text
+                logprobs = self._echo_logprobs(plan, prompt, choice)
+                output_ids = [*prompt.ids, *output_ids]
+            entry = {
+                "index": choice.index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
             }
-        )
+            if ids_wanted:
+                entry["prompt_token_ids"] = prompt.ids
+                entry["token_ids"] = output_ids
+            body.append(entry)
+        response: dict[str, Any] = {
+            "id": plan.base,
+            "object": "chat.completion" if plan.chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.state.model_name,
+            "choices": body,
+            "usage": _usage(plan.prompts),
+        }
+        if ids_wanted and plan.chat:
+            response["prompt_token_ids"] = plan.prompts[0].ids
+        return _response(response)
 
     def _echo_logprobs(self, plan: _Plan, prompt: _Prompt, choice: Choice) -> Any:
         """An echoed prompt's logprobs before the output's (the first token has none,
@@ -496,7 +503,6 @@ class _Api:
         text_field = b'"delta":{"content":%s}' if chat else b'"text":%s'
         no_text = b'"delta":{}' if chat else b'"text":""'
         choice_template = b'{"index":%d,%s,"logprobs":%s,"finish_reason":%s,"stop_reason":%s}'
-        echoed: set[int] = set()
 
         def choice_usage(choice: Choice) -> dict[str, Any]:
             prompt_tokens = len(plan.prompts[choice.prompt_index].ids)
@@ -506,13 +512,27 @@ class _Api:
                 "total_tokens": prompt_tokens + choice.num_tokens,
             }
 
+        ids_wanted = bool(body.return_token_ids)
+        started: set[int] = set()  # choices whose first event went out
+
+        def with_ids(choice: Choice, encoded: bytes, new_ids: list[int], first: bool) -> bytes:
+            """``return_token_ids``: the event's ids (and, first, the prompt's)."""
+            entry = msgspec.json.decode(encoded)
+            prompt_ids = plan.prompts[choice.prompt_index].ids
+            if first and not chat:
+                entry["prompt_token_ids"] = prompt_ids
+            entry["token_ids"] = [*prompt_ids, *new_ids] if first and echo else new_ids
+            return _json.encode(entry)
+
         def event(choice: Choice, output: Output) -> bytes:
             """One output's SSE event."""
+            before = choice.num_tokens
             text, logprobs = choice.absorb(output, chat=chat)
             if choice.error is not None:
                 return b"data: " + _json.encode(ApiError(choice.error).body()) + b"\n\n"
-            if echo and choice.index not in echoed:
-                echoed.add(choice.index)
+            first = choice.index not in started
+            started.add(choice.index)
+            if echo and first:
                 text = self._prompt_text(plan.prompts[choice.prompt_index]) + text
             field = text_field % _json.encode(text) if text else no_text
             reason, stop_reason = choice.finish_reason, choice.stop_reason
@@ -523,6 +543,8 @@ class _Api:
                 b"null" if reason is None else _json.encode(reason),
                 b"null" if stop_reason is None else _json.encode(stop_reason),
             )
+            if ids_wanted:
+                encoded = with_ids(choice, encoded, choice.detokenizer.token_ids[before:], first)
             if continuous:
                 return chunk([msgspec.json.decode(encoded)], choice_usage(choice))
             return head + encoded + b"]}\n\n"
@@ -536,6 +558,10 @@ class _Api:
                     )
                     for c in plan.choices
                 ]
+                if ids_wanted:  # the prompt's ids, in the first chunk ever
+                    first_chunk = msgspec.json.decode(opening[0][len(b"data: ") :])
+                    first_chunk["prompt_token_ids"] = plan.prompts[0].ids
+                    opening[0] = b"data: " + _json.encode(first_chunk) + b"\n\n"
                 await write(b"".join(opening), True)
             pending = [c.index for c in plan.choices if not c.finished]
             if plan.failure == "disconnect":  # one event, then the connection is cut

@@ -259,7 +259,6 @@ _COMMON_UNSUPPORTED: tuple[tuple[str, str], ...] = (
     ("truncate_prompt_tokens", "prompt truncation"),
     ("structured_outputs", "structured outputs"),
     ("watermarking", "watermarking"),
-    ("return_token_ids", "returning token ids"),
     ("return_weight_versions", "weight versions"),
     ("cache_salt", "cache salts"),
     ("kv_transfer_params", "KV transfer"),
