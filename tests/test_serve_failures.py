@@ -23,9 +23,16 @@ pytestmark = pytest.mark.anyio
 GUARD_S = 20
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the server is uvicorn's: asyncio-bound
+@pytest.fixture(
+    params=[
+        pytest.param(("asyncio", {}), id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
+    backend: tuple[str, dict[str, Any]] = request.param
+    return backend
 
 
 def small_state(**overrides: Any) -> ServeState:

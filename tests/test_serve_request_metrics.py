@@ -7,6 +7,8 @@ computed; `kvpool serve` records the same series, with vLLM's names, labels and 
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import httpx
 import pytest
@@ -19,9 +21,16 @@ pytestmark = pytest.mark.anyio
 GUARD_S = 20
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the server is uvicorn's: asyncio-bound
+@pytest.fixture(
+    params=[
+        pytest.param(("asyncio", {}), id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
+    backend: tuple[str, dict[str, Any]] = request.param
+    return backend
 
 
 async def samples(client: httpx.AsyncClient) -> dict[str, list[tuple[dict[str, str], float]]]:
