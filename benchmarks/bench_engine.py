@@ -46,7 +46,11 @@ the trace's second read included):
   method (each a round trip on the actor backend);
 - Mooncake's synthetic trace (``../shared/traces/mooncake_synthetic_trace.jsonl.gz``,
   3,993 requests), actor backend, fast-forward: the default ``--num-gpu-blocks`` and
-  16384.
+  16384; then, at 16384 blocks, ``--timing-model aic`` (Qwen3-8B on one H200, with
+  aiconfigurator-core installed) next to the linear model: each run's wall time and
+  steps, and, from one extra run with the timing model wrapped in a timer, the time a
+  step spends in the model's ``duration`` (aic: its cache lookups and the database
+  queries they miss, counted) against the linear model's.
 
 Fast variants are best of ``--repeat``; a run longer than `SLOW_S` is not repeated.
 """
@@ -76,7 +80,7 @@ from typing import Any, cast
 import anyio
 from build_info import REPO, describe_build  # benchmarks/ is the script's path
 
-from kvpool.engine import EngineConfig, KvClient, TimedKvClient
+from kvpool.engine import EngineConfig, KvClient, TimedKvClient, TimingModel
 from kvpool.engine.report import WorkerReport
 from kvpool.engine.runner import KV_BACKENDS, KvFactory, SimulationRun, run_simulation
 from kvpool.workloads import MooncakeTrace, RequestSpec, default_workload
@@ -549,6 +553,98 @@ def mooncake_section(path: Path, repeat: int, reproduce: str) -> None:
                     f"{total.steps:,} steps)",
                 )
                 dynamo_row(plain, config, repeat, timed)
+                if blocks == MOONCAKE_BLOCKS[-1]:
+                    aic_rows(trace, blocks, repeat, timed)
+
+
+AIC_MODEL = ("Qwen/Qwen3-8B", "h200_sxm")
+"""The model and GPU system of the aic rows (the README's example)."""
+
+
+class TimedTiming:
+    """A step-time model wrapped to count its ``duration`` calls and the seconds in them
+    (the wrapper's own two clock reads included: about 0.1 us a call)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.seconds = 0.0
+
+    def duration(self, work: Any) -> float:
+        start = time.perf_counter()
+        value: float = self.inner.duration(work)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return value
+
+
+class CountedPredictor:
+    """aiconfigurator's predictor, counting the queries that reach its database."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.queries = 0
+
+    def predict_prefill_latency(self, bs: int, isl: int, prefix: int = 0) -> float:
+        self.queries += 1
+        value: float = self.inner.predict_prefill_latency(bs, isl, prefix)
+        return value
+
+    def predict_decode_latency(self, bs: int, isl: int, osl: int = 2) -> float:
+        self.queries += 1
+        value: float = self.inner.predict_decode_latency(bs, isl, osl)
+        return value
+
+
+def aic_rows(trace: MooncakeTrace, blocks: int, repeat: int, linear: Timed) -> None:
+    """``--timing-model aic`` (the default context bucket, and exact) against the
+    linear run ``linear`` on the same trace and pool."""
+    from kvpool.engine.aic import AicSpec, load_predictor
+    from kvpool.engine.timing import AIC_CONTEXT_BUCKET, AicTiming
+
+    try:
+        start = time.perf_counter()
+        predictor, version = load_predictor(AicSpec(*AIC_MODEL))
+        compile_s = time.perf_counter() - start
+    except ImportError:
+        print("  --timing-model aic: skipped (pip install 'kvpool[aic]' to compare)")
+        return
+    print(
+        f"  {blocks} blocks, timing models ({AIC_MODEL[0]} on {AIC_MODEL[1]}, vllm "
+        f"{version}, compiled in {compile_s:.2f} s, not counted):"
+    )
+
+    def config(timing: Any) -> EngineConfig:
+        return EngineConfig(num_gpu_blocks=blocks, enable_kv_cache_events=CLI_EVENTS, timing=timing)
+
+    for label, bucket in (
+        ("linear", 0),
+        (f"aic, bucket {AIC_CONTEXT_BUCKET}", AIC_CONTEXT_BUCKET),
+        ("aic, exact (bucket 1)", 1),
+    ):
+
+        def make(source: Any, bucket: int = bucket) -> Any:
+            return AicTiming(source, context_bucket=bucket) if bucket else TimingModel()
+
+        if bucket:
+            once = functools.partial(run_trace, trace, config(make(predictor)), "actor", True)
+            timed = best_of(repeat, once)
+        else:
+            timed = linear
+        total = timed.total
+        # One more run with the model timed (and its database queries counted).
+        counted = CountedPredictor(predictor)
+        wrapped = TimedTiming(make(counted))
+        run_trace(trace, config(wrapped), "actor", True)
+        queries = f", {counted.queries:,} database queries" if bucket else ""
+        row(
+            f"  {label}",
+            timed,
+            f"{1e3 * timed.wall_s / total.requests_submitted:11.2f}   ({total.steps:,} steps, "
+            f"TTFT mean {total.ttft_s.mean:.2f} s; in the model "
+            f"{1e6 * wrapped.seconds / total.steps:.2f} us a step, "
+            f"{1e6 * wrapped.seconds / max(wrapped.calls, 1):.2f} us a call{queries})",
+        )
 
 
 @contextmanager
