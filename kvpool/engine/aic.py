@@ -5,9 +5,10 @@ offline from its measured kernel tables, for `AicTiming` and for planner-profile
 `load_predictor` checks the model, system, backend and version against what the
 installed package holds (so a typo is a one-line `AicConfigError` listing what exists,
 and nothing is ever downloaded) and compiles aiconfigurator's engine for them (about
-1.5 s). `sample_profile` samples a compiled predictor into a Dynamo planner profile
-(`ProfileTiming`), which `ProfileTiming.to_npz` writes: the same timings for a user
-without aiconfigurator (kvpool's ``--planner-profile-data``, or Dynamo's mocker).
+1.5 s, with the tables its queries read). `sample_profile` samples a compiled predictor
+into a Dynamo planner profile (`ProfileTiming`), which `ProfileTiming.to_npz` writes:
+the same timings for a user without aiconfigurator (kvpool's
+``--planner-profile-data``, or Dynamo's mocker).
 
 Imported only when asked for: ``import kvpool.engine`` does not load aiconfigurator.
 """
@@ -145,6 +146,10 @@ def load_predictor(spec: AicSpec) -> tuple[LatencyPredictor, str]:
                 moe_ep_size=1,
                 kv_block_size=spec.block_size,
             )
+            # The first queries load the tables they read (about 0.3 s): here, with the
+            # compilation, not in a simulation's first step.
+            handle.predict_prefill_latency(1, 1024, 512)
+            handle.predict_decode_latency(1, 1024, 2)
     except (ValueError, AssertionError, KeyError, NotImplementedError) as exc:
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise AicConfigError(
