@@ -74,6 +74,7 @@ timing model: each engine step takes (linear, the default)
   step-overhead + prefill-per-token * prefill tokens + decode-per-seq * decoding sequences
 or (dynamo) 4.209989e-7*T^2 + 1.518344e-2*T + 16.50142 ms if it computes T prompt tokens,
 plus max(1, -25.74*p^2 + 54.01*p + 5.74) ms if it samples a token, p = KV usage,
+or (aic) aiconfigurator's predicted prefill pass plus decode pass for --aic-model,
 of simulated time; --speedup-ratio 0 (the default) runs as fast as possible, a ratio R > 0
 paces the run so simulated time passes R times faster than wall time.
 
