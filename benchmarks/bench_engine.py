@@ -46,11 +46,12 @@ the trace's second read included):
   method (each a round trip on the actor backend);
 - Mooncake's synthetic trace (``../shared/traces/mooncake_synthetic_trace.jsonl.gz``,
   3,993 requests), actor backend, fast-forward: the default ``--num-gpu-blocks`` and
-  16384; at the default, ``--timing-model aic`` (Qwen3-8B on one H200, with
-  aiconfigurator-core installed; its default context bucket, and exact) next to the
-  linear model: wall time and steps (the exact variant's from its timed run), and,
-  from a run with the timing model wrapped in a timer, the time a step spends in the
-  model's ``duration`` (aic: its cache lookups and the database queries they miss,
+  16384; at the default (``--aic-blocks 16384``: at the larger), ``--timing-model
+  aic`` (Qwen3-8B on one H200, with aiconfigurator-core installed; its default context
+  bucket, and exact) next to the linear model: wall time and steps (the exact
+  variant's from its timed run), and, from a run with the timing model wrapped in a
+  timer, the time a step spends in the model's ``duration`` (aic: its cache lookups
+  and the database queries they miss,
   counted) against the linear model's.
 
 Fast variants are best of ``--repeat``; a run longer than `SLOW_S` is not repeated.
@@ -520,8 +521,9 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
         )
 
 
-def mooncake_section(path: Path, repeat: int, reproduce: str) -> None:
-    """Mooncake's synthetic trace, actor backend, fast-forward, two pool sizes."""
+def mooncake_section(path: Path, repeat: int, reproduce: str, aic_blocks: int) -> None:
+    """Mooncake's synthetic trace, actor backend, fast-forward, two pool sizes; the
+    timing models compared at ``aic_blocks``."""
     if not path.is_file():
         print(f"\nMooncake trace: skipped, no file {path}")
         return
@@ -554,7 +556,7 @@ def mooncake_section(path: Path, repeat: int, reproduce: str) -> None:
                     f"{total.steps:,} steps)",
                 )
                 dynamo_row(plain, config, repeat, timed)
-                if blocks == MOONCAKE_BLOCKS[0]:
+                if blocks == aic_blocks:
                     aic_rows(trace, blocks, repeat, timed)
 
 
@@ -738,6 +740,15 @@ def main() -> None:
         help=f"Mooncake's synthetic trace (default: {MOONCAKE})",
     )
     parser.add_argument(
+        "--aic-blocks",
+        type=int,
+        choices=MOONCAKE_BLOCKS,
+        default=MOONCAKE_BLOCKS[0],
+        help="the Mooncake pool size at which the timing models are compared (default: "
+        "%(default)s; at 16384 the decode batches are large, where the database queries "
+        "cost most)",
+    )
+    parser.add_argument(
         "--no-step-by-step",
         action="store_true",
         help="skip the step-by-step runs of the multi-turn trace (about a minute each)",
@@ -759,7 +770,9 @@ def main() -> None:
                 multiturn_section(path, args.repeat, not args.no_step_by_step, command + named)
     if args.traces or args.mooncake is not None:
         named = "--traces" if args.mooncake is None else f"--mooncake {args.mooncake}"
-        mooncake_section(args.mooncake or MOONCAKE, args.repeat, command + named)
+        if args.aic_blocks != MOONCAKE_BLOCKS[0]:
+            named += f" --aic-blocks {args.aic_blocks}"
+        mooncake_section(args.mooncake or MOONCAKE, args.repeat, command + named, args.aic_blocks)
 
 
 if __name__ == "__main__":
