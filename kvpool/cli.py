@@ -13,6 +13,7 @@ exits 0 (uvicorn handles both signals while it serves).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -31,6 +32,13 @@ from kvpool.cli_aic import (
     aic_timing_from_flags,
     check_aic_flags,
 )
+from kvpool.cli_workload import (
+    add_workload_flags,
+    check_workload_flags,
+    sla,
+    synthetic_description,
+    synthetic_sessions,
+)
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
@@ -41,6 +49,7 @@ from kvpool.workloads import (
     MOONCAKE_BLOCK_SIZE,
     MooncakeTrace,
     RequestSpec,
+    Session,
     SyntheticWorkload,
 )
 
@@ -359,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(--no-fast-forward) (default: on)",
     )
     add_event_flags(cluster)
+    add_workload_flags(sim)
     cluster.add_argument(
         "--kv-backend",
         choices=("actor", "local"),
@@ -592,6 +602,8 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         config = engine_config(args, parser)
     except (PoolError, ImportError) as exc:
         return _fail(str(exc))
+    check_workload_flags(args, parser)
+    config = dataclasses.replace(config, max_model_len=args.max_model_len)
     if args.trace and (args.seed != 0 or args.sessions != SyntheticWorkload().num_sessions):
         parser.error("--seed and --sessions shape the embedded workload; --trace replaces it")
     if not args.trace and args.trace_block_size != MOONCAKE_BLOCK_SIZE:
@@ -635,10 +647,15 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _workload(
     args: argparse.Namespace, trace: MooncakeTrace | None
-) -> tuple[Iterable[RequestSpec], str]:
+) -> tuple[Iterable[RequestSpec | Session], str]:
     if trace is not None:
         order = "" if trace.in_order else ", out of timestamp order: held and sorted"
         return trace, f"trace {trace.source} ({len(trace)} requests{order})"
+    if args.synthetic:
+        synthetic = synthetic_sessions(args)
+        sessions = synthetic.sessions()
+        count = sum(session.num_turns for session in sessions)
+        return sessions, synthetic_description(synthetic, count)
     requests = SyntheticWorkload(seed=args.seed, num_sessions=args.sessions).requests()
     return requests, (
         f"embedded default workload (seed {args.seed}, {args.sessions} sessions, "
@@ -698,7 +715,7 @@ def _simulate_loaded(
     backend: str,
     options: dict[str, object],
     config: EngineConfig,
-    requests: Iterable[RequestSpec],
+    requests: Iterable[RequestSpec | Session],
     workload: str,
 ) -> int:
     try:
@@ -802,7 +819,7 @@ def _run(
     backend: str,
     options: dict[str, object],
     config: EngineConfig,
-    requests: Iterable[RequestSpec],
+    requests: Iterable[RequestSpec | Session],
     workload: str,
     sinks: Sequence[EventSink] | None,
     progress: ProgressBar | None,
@@ -822,6 +839,11 @@ def _run(
             workload=workload,
             settings=_settings(args),
             kv_factory=KV_BACKENDS[args.kv_backend],
+            concurrency=args.concurrency,
+            arrival_speedup_ratio=args.arrival_speedup_ratio,
+            max_sim_time_s=args.max_sim_time_s,
+            lockstep=args.data_parallel_lockstep,
+            sla=sla(args),
         )
 
     return anyio.run(go, backend=backend, backend_options=options)
