@@ -98,11 +98,18 @@ def aic_spec(args: argparse.Namespace) -> AicSpec:
 
 def aic_timing_from_flags(args: argparse.Namespace) -> AicTiming:
     """``--timing-model aic``'s `AicTiming`. Raises ImportError without the extra,
-    `AicConfigError` (a `PoolError`) for what the database does not hold."""
-    from kvpool.engine.aic import aic_timing, require_aiconfigurator
+    `AicConfigError` (a `PoolError`) for what the database does not hold. Fills the
+    defaults into ``args`` (the version as the literal a slot names), so the report's
+    settings say what was predicted."""
+    from kvpool.engine.aic import load_predictor, require_aiconfigurator
 
     require_aiconfigurator()
-    return aic_timing(aic_spec(args), args.aic_context_bucket or AIC_CONTEXT_BUCKET)
+    spec = aic_spec(args)
+    predictor, version = load_predictor(spec)
+    bucket = args.aic_context_bucket or AIC_CONTEXT_BUCKET
+    args.aic_system, args.aic_backend, args.aic_backend_version = spec.system, spec.backend, version
+    args.aic_tp_size, args.aic_context_bucket = spec.tp_size, bucket
+    return AicTiming(predictor, context_bucket=bucket)
 
 
 def add_profile_command(

@@ -9,6 +9,7 @@ happens without it run either way.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -205,11 +206,26 @@ def test_the_cli_simulates_and_profiles_with_aic(
     predictor: LatencyPredictor, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     common = ("--sessions", "5", "--kv-backend", "local", "--no-progress")
+    report = tmp_path / "report.json"
     status, out, err = run_cli(
-        capsys, "simulate", *common, "--timing-model", "aic", "--aic-model", MODEL
+        capsys,
+        "simulate",
+        *common,
+        "--timing-model",
+        "aic",
+        "--aic-model",
+        MODEL,
+        "--json",
+        str(report),
     )
     assert status == 0, err
     direct = next(line for line in out.splitlines() if line.startswith("simulated time"))
+    settings = json.loads(report.read_text())["settings"]
+    # the report says what was predicted: the defaults, the version as a literal
+    assert settings["aic_model"] == MODEL
+    assert (settings["aic_system"], settings["aic_backend"]) == (SYSTEM, "vllm")
+    assert settings["aic_backend_version"][0].isdigit()
+    assert (settings["aic_tp_size"], settings["aic_context_bucket"]) == (1, 64)
     npz = tmp_path / "qwen3-8b.npz"
     status, out, err = run_cli(capsys, "profile", "--aic-model", MODEL, "-o", str(npz))
     assert status == 0, err
@@ -253,6 +269,26 @@ def test_what_the_database_lacks_is_a_one_line_error_listing_what_it_has(
     assert err.startswith("kvpool simulate: error: ")
     assert re.search(message, err)
     assert not report.exists()  # nothing ran
+
+
+def test_a_local_model_directory_is_read_as_its_config_json_says(
+    predictor: LatencyPredictor, tmp_path: Path
+) -> None:
+    # The bundled Qwen3-8B config.json, copied into a directory of its own: the same model.
+    import aiconfigurator_core
+
+    from kvpool.engine.aic import AicSpec, load_predictor
+
+    bundled = Path(aiconfigurator_core.__file__).parent / "model_configs"
+    config = (bundled / "Qwen--Qwen3-8B_config.json").read_text()
+    (tmp_path / "config.json").write_text(config)
+    local, version = load_predictor(AicSpec(str(tmp_path), SYSTEM))
+    for args in ((1, 2048, 0), (4, 3000, 1000)):
+        assert local.predict_prefill_latency(*args) == predictor.predict_prefill_latency(*args)
+    assert local.predict_decode_latency(16, 2048, 2) == predictor.predict_decode_latency(
+        16, 2048, 2
+    )
+    assert version.count(".") == 2  # a literal version, not the slot's name
 
 
 def test_a_model_directory_needs_a_config_json(
