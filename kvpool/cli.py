@@ -26,6 +26,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from kvpool import __version__
+from kvpool.cli_aic import (
+    add_aic_flags,
+    add_profile_command,
+    aic_timing_from_flags,
+    check_aic_flags,
+)
 from kvpool.cli_workload import (
     add_workload_flags,
     check_workload_flags,
@@ -77,6 +83,7 @@ timing model: each engine step takes (linear, the default)
   step-overhead + prefill-per-token * prefill tokens + decode-per-seq * decoding sequences
 or (dynamo) 4.209989e-7*T^2 + 1.518344e-2*T + 16.50142 ms if it computes T prompt tokens,
 plus max(1, -25.74*p^2 + 54.01*p + 5.74) ms if it samples a token, p = KV usage,
+or (aic) aiconfigurator's predicted prefill pass plus decode pass for --aic-model,
 of simulated time; --speedup-ratio 0 (the default) runs as fast as possible, a ratio R > 0
 paces the run so simulated time passes R times faster than wall time.
 
@@ -211,10 +218,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument(
         "--timing-model",
-        choices=("linear", "dynamo"),
+        choices=("linear", "dynamo", "aic"),
         default="linear",
-        help="step time: linear (the three flags above) or dynamo (Dynamo mocker 1.4.0's "
-        "default polynomial in the step's prompt tokens and KV usage) (default: %(default)s)",
+        help="step time: linear (the three flags above), dynamo (Dynamo mocker 1.4.0's "
+        "default polynomial in the step's prompt tokens and KV usage) or aic (a real "
+        "model's latencies on a real GPU, predicted by NVIDIA aiconfigurator's performance "
+        "database, as Dynamo's mocker composes them; the --aic-* flags; needs pip install "
+        "'kvpool[aic]') (default: %(default)s)",
     )
     engine.add_argument(
         "--planner-profile-data",
@@ -223,6 +233,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
         "decode_context_length, decode_itl) instead of the polynomial (needs numpy)",
     )
+    add_aic_flags(engine, _int_at_least(1))
 
 
 def add_event_flags(group: argparse._ArgumentGroup) -> None:
@@ -400,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.set_defaults(handler=_simulate)
     _add_serve(commands)
+    add_profile_command(commands, _int_at_least(1))
     return parser
 
 
@@ -586,6 +598,8 @@ def _timing(args: argparse.Namespace) -> StepTiming:
             prefill_token_s=args.prefill_us_per_token / 1e6,
             decode_seq_s=args.decode_us_per_seq / 1e6,
         )
+    if args.timing_model == "aic":
+        return aic_timing_from_flags(args)
     if args.planner_profile_data is None:
         return DynamoTiming()
     return ProfileTiming.from_npz(args.planner_profile_data)
@@ -599,6 +613,7 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """
     if args.planner_profile_data is not None and args.timing_model != "dynamo":
         parser.error("--planner-profile-data needs --timing-model dynamo")
+    check_aic_flags(args, parser)
     timing = _timing(args)
     try:
         return EngineConfig(
