@@ -39,6 +39,7 @@ import uvloop
 
 from kvpool.engine import EngineConfig
 from kvpool.serve import ServeState, running_server
+from kvpool.serve.protocol import MAX_COMPLETION_PROMPTS
 
 MODEL = "kvpool-mock"
 
@@ -261,7 +262,7 @@ async def refusals(streams: int) -> None:
     print(
         f"refusals at speedup 1: {streams} streams decoding, a probe of small requests "
         f"(body limit {limits.body_bytes:,} bytes, batches of at most "
-        f"{limits.max_batch_prompts})"
+        f"{MAX_COMPLETION_PROMPTS})"
     )
     for name, outcome, _, seconds in outcomes:
         print(f"  {name:28} {outcome:>6} after {seconds * 1e3:8.1f} ms")

@@ -32,10 +32,18 @@ from kvpool.engine.runner import (
     run_simulation,
 )
 from kvpool.engine.simulation import Dispatch, Simulation
-from kvpool.engine.timing import DynamoTiming, ProfileDataError, ProfileTiming, StepTiming, StepWork
+from kvpool.engine.timing import (
+    AicTiming,
+    DynamoTiming,
+    ProfileDataError,
+    ProfileTiming,
+    StepTiming,
+    StepWork,
+)
 
 __all__ = [
     "KV_BACKENDS",
+    "AicTiming",
     "Arrivals",
     "Dispatch",
     "Distribution",

@@ -17,6 +17,7 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """
     from kvpool.cli import check_event_flags, engine_config, open_publishers
     from kvpool.events.zmq_publisher import llmd_topic
+    from kvpool.serve.failures import FAILURE_TYPES, FailureInjector
     from kvpool.serve.intake import RequestLimits
     from kvpool.serve.server import routable_host, serve
     from kvpool.serve.state import ServeState
@@ -53,13 +54,12 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             speedup_ratio=args.speedup_ratio,
             tokenizer=tokenizer,
             sinks=sinks,
-            limits=RequestLimits(
-                **{
-                    name: value
-                    for name in ("max_request_body_bytes", "max_batch_prompts")
-                    if (value := getattr(args, name)) is not None
-                }
+            failures=FailureInjector(
+                args.failure_rate,
+                args.failure_types or FAILURE_TYPES,
+                fail_first=args.fail_first,
             ),
+            limits=RequestLimits(args.max_request_body_bytes),
         )
         if sinks:
             where = ", ".join(f"{s.endpoint} (rank {s.data_parallel_rank})" for s in sinks)

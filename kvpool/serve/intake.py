@@ -11,16 +11,16 @@ request can stall the others (they share one event loop with the engines).
   reset connection; a client that asked ``Expect: 100-continue`` is answered at once
   and never sends it. A client that leaves mid-upload is `ClientGone`, not an error to
   log.
-- A batch's size is checked before its items are even decoded
-  (`check_batch_unparsed`: counted in the raw JSON) and again, with each text
-  prompt's length, before anything is tokenized or expanded into requests
-  (`check_prompt_sizes`): at most ``max_batch_prompts`` prompts, and no text longer
-  than the longest text a ``max_model_len``-token prompt can be (`MAX_CHARS_PER_TOKEN`
-  characters a token).
+- A big body's batch is counted before its items are even decoded
+  (`check_batch_unparsed`, against vLLM's ``VLLM_MAX_COMPLETION_PROMPTS``, which the
+  protocol checks again once decoded), and no text prompt longer than the longest
+  text a ``max_model_len``-token prompt can be (`MAX_CHARS_PER_TOKEN` characters a
+  token) is tokenized (`check_text_length`, `check_text_prompts`).
 - A body larger than `OFF_LOOP_BYTES` is decoded, tokenized and expanded on a worker
-  thread (`off_loop`), and an answer longer than `OFF_LOOP_TOKENS` detokenized there:
-  the engines' loop keeps its clock meanwhile. Smaller ones cost less than the hop to
-  a thread and are handled inline.
+  thread (`off_loop`): the engines' loop keeps its clock meanwhile (Hugging Face
+  tokenizers let go of the interpreter's lock while they work). A smaller one costs
+  less than the hop to a thread and is handled inline. Output text needs no thread: it
+  is detokenized incrementally, a few tokens at a time, as the outputs arrive.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import anyio.to_thread
 import msgspec
 from starlette.requests import ClientDisconnect, Request
 
-from kvpool.serve.protocol import ApiError, Prompt
+from kvpool.serve.protocol import MAX_COMPLETION_PROMPTS, ApiError, Prompt, validation_error
 
 _T = TypeVar("_T")
 
@@ -48,8 +48,6 @@ prompts, which `check_batch_unparsed` refuses first), a stall for every request
 however it is parsed."""
 MIN_MAX_REQUEST_BODY_BYTES = 2**20
 """1 MiB (nginx's default ``client_max_body_size``): the least default body limit."""
-DEFAULT_MAX_BATCH_PROMPTS = 2048
-"""The most prompts one ``/v1/completions`` batch may hold (OpenAI's own cap)."""
 MAX_CHARS_PER_TOKEN = 32
 """A text longer than ``max_model_len`` times this is refused untokenized: no
 tokenizer's ordinary text averages more characters a token."""
@@ -58,8 +56,6 @@ LINGER_S = 5.0
 ``lingering_timeout``)."""
 OFF_LOOP_BYTES = 64 * 2**10
 """Bodies above this are parsed and tokenized on a worker thread."""
-OFF_LOOP_TOKENS = 4096
-"""Answers of more tokens than this are detokenized on a worker thread."""
 
 
 def default_body_bytes(max_model_len: int) -> int:
@@ -74,21 +70,18 @@ class RequestLimits:
     None means `default_body_bytes` of the server's ``max_model_len`` (`for_context`)."""
 
     max_request_body_bytes: int | None = None
-    max_batch_prompts: int = DEFAULT_MAX_BATCH_PROMPTS
 
     def __post_init__(self) -> None:
         if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1:
             raise ValueError(
                 f"max_request_body_bytes must be >= 1, got {self.max_request_body_bytes}"
             )
-        if self.max_batch_prompts < 1:
-            raise ValueError(f"max_batch_prompts must be >= 1, got {self.max_batch_prompts}")
 
     def for_context(self, max_model_len: int) -> RequestLimits:
         """These limits with the body limit settled for ``max_model_len``."""
         if self.max_request_body_bytes is not None:
             return self
-        return RequestLimits(default_body_bytes(max_model_len), self.max_batch_prompts)
+        return RequestLimits(default_body_bytes(max_model_len))
 
     @property
     def body_bytes(self) -> int:
@@ -164,9 +157,9 @@ class _PromptShape(msgspec.Struct):
     prompt: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # empty: absent
 
 
-def check_batch_unparsed(raw: bytes, limits: RequestLimits) -> None:
-    """Refuse a completion batch surely larger than ``max_batch_prompts`` from its raw
-    JSON, before any item is decoded (decoding a million one-word prompts takes the
+def check_batch_unparsed(raw: bytes) -> None:
+    """Refuse a completion batch surely larger than vLLM's `MAX_COMPLETION_PROMPTS` from
+    its raw JSON, before any item is decoded (decoding a million one-word prompts takes the
     interpreter's lock for a quarter of a second). Counts a lower bound of the items:
     a batch of texts has two unescaped quotes an item (a quote after a backslash is
     not counted, escaped or not), a batch of token-id lists one ``[`` an item. Anything
@@ -185,52 +178,44 @@ def check_batch_unparsed(raw: bytes, limits: RequestLimits) -> None:
         least = prompt.count(b"[") - 1
     else:
         return  # token ids: one prompt
-    _check_batch(least, limits)
-
-
-def _check_batch(size: int, limits: RequestLimits) -> None:
-    if size > limits.max_batch_prompts:
-        raise ApiError(
-            f"a batch holds at most {limits.max_batch_prompts} prompts, got {size} "
-            "(--max-batch-prompts)",
-            param="prompt",
+    if least > MAX_COMPLETION_PROMPTS:
+        raise validation_error(  # vLLM's words, once the batch is decoded
+            f"prompt list length {least} exceeds the maximum allowed count of "
+            f"{MAX_COMPLETION_PROMPTS}.",
+            "prompt",
         )
 
 
-def check_prompt_sizes(prompt: Prompt, limits: RequestLimits, max_model_len: int) -> None:
-    """A completion's batch size and text lengths, before any prompt is tokenized or
-    expanded (a list of token ids is one prompt, checked when its request is built)."""
+def check_text_prompts(prompt: Prompt, max_model_len: int) -> None:
+    """A completion's text prompts' lengths, before any is tokenized (token ids are
+    checked when their request is built)."""
     if isinstance(prompt, str):
         check_text_length(prompt, max_model_len, "prompt")
         return
-    if prompt and not isinstance(prompt[0], int):
-        _check_batch(len(prompt), limits)
     for item in prompt:
         if isinstance(item, str):
             check_text_length(item, max_model_len, "prompt")
 
 
-async def off_loop(size: int, work: Callable[[], _T], *, threshold: int = OFF_LOOP_BYTES) -> _T:
-    """``work()``, on a worker thread if ``size`` (a body's bytes, an answer's tokens)
-    exceeds ``threshold``, else inline (cheaper than the hop to a thread)."""
-    if size <= threshold:
+async def off_loop(size: int, work: Callable[[], _T]) -> _T:
+    """``work()``, on a worker thread if ``size`` (a body's bytes) exceeds
+    `OFF_LOOP_BYTES`, else inline (cheaper than the hop to a thread)."""
+    if size <= OFF_LOOP_BYTES:
         return work()
     return await anyio.to_thread.run_sync(work)
 
 
 __all__ = [
-    "DEFAULT_MAX_BATCH_PROMPTS",
     "BODY_BYTES_PER_TOKEN",
     "MIN_MAX_REQUEST_BODY_BYTES",
     "LINGER_S",
     "MAX_CHARS_PER_TOKEN",
     "OFF_LOOP_BYTES",
-    "OFF_LOOP_TOKENS",
     "BodyTooLarge",
     "ClientGone",
     "RequestLimits",
     "check_batch_unparsed",
-    "check_prompt_sizes",
+    "check_text_prompts",
     "check_text_length",
     "default_body_bytes",
     "off_loop",

@@ -12,6 +12,7 @@ import anyio
 from kvpool.engine import EngineConfig
 from kvpool.events import EventSink
 from kvpool.serve.driver import EngineDriver
+from kvpool.serve.failures import FailureInjector
 from kvpool.serve.intake import RequestLimits
 from kvpool.serve.metrics import ServeMetrics
 from kvpool.serve.tokenizer import BuiltinTokenizer, Tokenizer
@@ -35,6 +36,7 @@ class ServeState:
         speedup_ratio: float = 1.0,
         tokenizer: Tokenizer | None = None,
         sinks: Sequence[EventSink | None] | None = None,
+        failures: FailureInjector | None = None,
         limits: RequestLimits | None = None,
     ) -> None:
         if data_parallel_size < 1:
@@ -48,6 +50,7 @@ class ServeState:
             self.max_model_len
         )
         self.metrics = ServeMetrics(model_name, config, data_parallel_size)
+        self.failures = failures  # injected failures (router tests), None: none
         self.created = int(time.time())
         self.drivers = [
             EngineDriver(
