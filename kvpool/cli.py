@@ -179,6 +179,22 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="victim when blocks run out: newest running request (lifo, vLLM) or oldest "
         "(fifo) (default: %(default)s)",
     )
+    # admission as vLLM 0.33's SchedulerConfig: the whole sequence must fit, and a watermark
+    engine.add_argument(
+        "--scheduler-reserve-full-isl",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULTS.scheduler_reserve_full_isl,
+        help="admit a waiting request only if the blocks of its whole prompt fit, not "
+        "only its first chunk's (vLLM's; default: on)",
+    )
+    engine.add_argument(
+        "--watermark",
+        type=_number_at_most(1.0),
+        default=_DEFAULTS.watermark,
+        metavar="FRACTION",
+        help="fraction of the pool's blocks an admission must leave free while any "
+        "request runs, in [0, 1) (vLLM's; default: %(default)s)",
+    )
     engine.add_argument(
         "--step-overhead-ms",
         type=_number_at_most(_MAX_TIMING),
@@ -551,6 +567,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             # built only to be published: the report counts the batches either way
             enable_kv_cache_events=args.zmq_kv_event_port is not None,
             preemption_mode=args.preemption_mode,
+            scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+            watermark=args.watermark,
             timing=timing,
         )
     except PoolError as exc:
