@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -36,6 +37,7 @@ from kvpool.workloads import (
     MooncakeTrace,
     RequestSpec,
     SyntheticWorkload,
+    TraceWarning,
 )
 
 if TYPE_CHECKING:
@@ -624,10 +626,14 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.trace:
         if args.trace == "-" and sys.stdin.isatty():  # a forgotten pipe would look hung
             print("kvpool simulate: reading the trace from stdin (Ctrl-D ends it)", file=sys.stderr)
-        try:  # validated whole, streamed later
-            trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
+        try:  # validated whole, streamed later; a TraceWarning is one line on stderr
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", TraceWarning)
+                trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
         except TraceError as exc:
             return _fail(str(exc))
+        for warning in caught:
+            print(f"kvpool simulate: warning: {warning.message}", file=sys.stderr)
     try:
         requests, workload = _workload(args, trace)
         return _simulate_loaded(args, backend, options, config, requests, workload)
