@@ -29,7 +29,13 @@ from kvpool import __version__
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
-from kvpool.engine.timing import DynamoTiming, ProfileTiming, StepTiming
+from kvpool.engine.timing import (
+    Dynamo16ProfileTiming,
+    Dynamo16Timing,
+    DynamoTiming,
+    ProfileTiming,
+    StepTiming,
+)
 from kvpool.errors import PoolError, TraceError
 from kvpool.events.codec import EVENT_FORMATS
 from kvpool.workloads import (
@@ -220,16 +226,17 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument(
         "--timing-model",
-        choices=("linear", "dynamo"),
+        choices=("linear", "dynamo", "dynamo-1.6"),
         default="linear",
         help="step time: linear (the three flags above) or dynamo (Dynamo mocker 1.4.0's "
-        "default polynomial in the step's prompt tokens and KV usage) (default: %(default)s)",
+        "default polynomial in the step's prompt tokens and KV usage; dynamo-1.6: as "
+        "ai-dynamo-runtime 1.6.1 charges it) (default: %(default)s)",
     )
     engine.add_argument(
         "--planner-profile-data",
         metavar="FILE.npz",
-        help="with --timing-model dynamo: interpolate step times from a Dynamo planner "
-        "profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
+        help="with --timing-model dynamo or dynamo-1.6: interpolate step times from a "
+        "Dynamo planner profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
         "decode_context_length, decode_itl) instead of the polynomial (needs numpy)",
     )
 
@@ -544,9 +551,11 @@ def _timing(args: argparse.Namespace) -> StepTiming:
             prefill_token_s=args.prefill_us_per_token / 1e6,
             decode_seq_s=args.decode_us_per_seq / 1e6,
         )
+    release_16 = args.timing_model == "dynamo-1.6"
     if args.planner_profile_data is None:
-        return DynamoTiming()
-    return ProfileTiming.from_npz(args.planner_profile_data)
+        return Dynamo16Timing() if release_16 else DynamoTiming()
+    profile = Dynamo16ProfileTiming if release_16 else ProfileTiming
+    return profile.from_npz(args.planner_profile_data)
 
 
 def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EngineConfig:
@@ -555,7 +564,7 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     Exits through ``parser.error`` for flags that contradict each other; raises
     `PoolError` or ``ImportError`` for a planner profile that cannot be loaded.
     """
-    if args.planner_profile_data is not None and args.timing_model != "dynamo":
+    if args.planner_profile_data is not None and args.timing_model == "linear":
         parser.error("--planner-profile-data needs --timing-model dynamo")
     timing = _timing(args)
     try:

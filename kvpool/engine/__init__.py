@@ -28,12 +28,22 @@ from kvpool.engine.runner import (
     run_simulation,
 )
 from kvpool.engine.simulation import Dispatch, Simulation
-from kvpool.engine.timing import DynamoTiming, ProfileDataError, ProfileTiming, StepTiming, StepWork
+from kvpool.engine.timing import (
+    Dynamo16ProfileTiming,
+    Dynamo16Timing,
+    DynamoTiming,
+    ProfileDataError,
+    ProfileTiming,
+    StepTiming,
+    StepWork,
+)
 
 __all__ = [
     "KV_BACKENDS",
     "Dispatch",
     "Distribution",
+    "Dynamo16ProfileTiming",
+    "Dynamo16Timing",
     "DynamoTiming",
     "EngineConfig",
     "EngineStats",
