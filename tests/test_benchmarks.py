@@ -29,6 +29,10 @@ RUNS = {
         ["fast-forward", "step by step", "steps simulated", "KV calls", "ms/request", "16384"],
     ),
     "events": (["bench_events.py"], ["tokens", "batches"]),
+    "fidelity": (
+        ["bench_fidelity.py", "--multiturn", SAMPLE, "--timing", "polynomial"],
+        ["preemptions", "hit tokens", "same TTFT", "target"],
+    ),
     "memory": (
         ["bench_memory.py", "--trace", SAMPLE],
         ["peak RSS", "target < 500 MB", "the run's own wall time"],
