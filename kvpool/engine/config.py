@@ -61,6 +61,10 @@ class EngineConfig:
     ``watermark`` (a fraction of ``num_gpu_blocks``, rounded down to whole blocks, as
     vLLM's ``watermark_blocks``) must stay free besides, whenever some request is
     running. `MockEngine` states the rule once, where it applies it.
+
+    ``max_model_len`` (vLLM's; None: no limit but the pool's) is the most tokens a
+    request may hold, prompt plus output: a longer one is rejected when submitted, as
+    vLLM's server refuses a prompt plus ``max_tokens`` beyond it.
     """
 
     num_gpu_blocks: int = 1024
@@ -74,8 +78,15 @@ class EngineConfig:
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
     timing: StepTiming = field(default_factory=TimingModel)
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_model_len is not None and (
+            type(self.max_model_len) is not int or self.max_model_len < 1
+        ):
+            raise InvalidArgumentError(
+                f"max_model_len must be an int >= 1 or None, got {self.max_model_len!r}"
+            )
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
