@@ -464,8 +464,9 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     http.add_argument(
         "--tokenizer",
         metavar="PATH",
-        help="a local Hugging Face tokenizer.json (default: a built-in deterministic "
-        "word tokenizer; nothing is ever downloaded)",
+        help="a local Hugging Face tokenizer: a model directory holding tokenizer.json, "
+        "or the file (default: a built-in deterministic word tokenizer; nothing is ever "
+        "downloaded)",
     )
     http.add_argument(
         "--log-level",
@@ -491,7 +492,56 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="simulated seconds per wall second; 0 = as fast as possible (default: 1)",
     )
     add_event_flags(run)
+    faults = serve.add_argument_group("failure injection (router tests)")
+    faults.add_argument(
+        "--failure-rate",
+        type=_failure_rate,
+        default=0.0,
+        metavar="P",
+        help="fail each valid generation request with probability P, seeded (default: 0)",
+    )
+    faults.add_argument(
+        "--fail-first",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="fail the first N valid generation requests, the types in turn (default: 0)",
+    )
+    faults.add_argument(
+        "--failure-types",
+        type=_failure_types,
+        default=None,
+        metavar="T[,T...]",
+        help="rate_limit (429), overloaded (503), server_error (500), disconnect (the "
+        "connection cut mid-response); default: all",
+    )
     serve.set_defaults(handler=_serve)
+
+
+def _failure_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+_failure_rate.__name__ = "number"
+
+
+def _failure_types(text: str) -> tuple[str, ...]:
+    from kvpool.serve.failures import FAILURE_TYPES
+
+    kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
+    unknown = [kind for kind in kinds if kind not in FAILURE_TYPES]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"must be among {', '.join(FAILURE_TYPES)}, got {text!r}")
+    return kinds
+
+
+_failure_types.__name__ = "failure types"
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
