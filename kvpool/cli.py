@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -44,7 +45,13 @@ from kvpool.cli_workload import (
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
-from kvpool.engine.timing import DynamoTiming, ProfileTiming, StepTiming
+from kvpool.engine.timing import (
+    Dynamo16ProfileTiming,
+    Dynamo16Timing,
+    DynamoTiming,
+    ProfileTiming,
+    StepTiming,
+)
 from kvpool.errors import PoolError, TraceError
 from kvpool.events.codec import EVENT_FORMATS
 from kvpool.workloads import (
@@ -53,6 +60,7 @@ from kvpool.workloads import (
     RequestSpec,
     Session,
     SyntheticWorkload,
+    TraceWarning,
 )
 
 if TYPE_CHECKING:
@@ -197,6 +205,22 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="victim when blocks run out: newest running request (lifo, vLLM) or oldest "
         "(fifo) (default: %(default)s)",
     )
+    # admission as vLLM 0.33's SchedulerConfig: the whole sequence must fit, and a watermark
+    engine.add_argument(
+        "--scheduler-reserve-full-isl",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULTS.scheduler_reserve_full_isl,
+        help="admit a waiting request only if the blocks of its whole prompt fit, not "
+        "only its first chunk's (vLLM's; default: on)",
+    )
+    engine.add_argument(
+        "--watermark",
+        type=_number_at_most(1.0),
+        default=_DEFAULTS.watermark,
+        metavar="FRACTION",
+        help="fraction of the pool's blocks an admission must leave free while any "
+        "request runs, in [0, 1) (vLLM's; default: %(default)s)",
+    )
     engine.add_argument(
         "--step-overhead-ms",
         type=_number_at_most(_MAX_TIMING),
@@ -220,10 +244,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument(
         "--timing-model",
-        choices=("linear", "dynamo", "aic"),
+        choices=("linear", "dynamo", "dynamo-1.6", "aic"),
         default="linear",
         help="step time: linear (the three flags above), dynamo (Dynamo mocker 1.4.0's "
-        "default polynomial in the step's prompt tokens and KV usage) or aic (a real "
+        "default polynomial in the step's prompt tokens and KV usage; dynamo-1.6: as "
+        "ai-dynamo-runtime 1.6.1 charges it) or aic (a real "
         "model's latencies on a real GPU, predicted by NVIDIA aiconfigurator's performance "
         "database, as Dynamo's mocker composes them; the --aic-* flags; needs pip install "
         "'kvpool[aic]') (default: %(default)s)",
@@ -231,8 +256,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--planner-profile-data",
         metavar="FILE.npz",
-        help="with --timing-model dynamo: interpolate step times from a Dynamo planner "
-        "profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
+        help="with --timing-model dynamo or dynamo-1.6: interpolate step times from a "
+        "Dynamo planner profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
         "decode_context_length, decode_itl) instead of the polynomial (needs numpy)",
     )
     add_aic_flags(engine, _int_at_least(1))
@@ -623,9 +648,11 @@ def _timing(args: argparse.Namespace) -> StepTiming:
         )
     if args.timing_model == "aic":
         return aic_timing_from_flags(args)
+    release_16 = args.timing_model == "dynamo-1.6"
     if args.planner_profile_data is None:
-        return DynamoTiming()
-    return ProfileTiming.from_npz(args.planner_profile_data)
+        return Dynamo16Timing() if release_16 else DynamoTiming()
+    profile = Dynamo16ProfileTiming if release_16 else ProfileTiming
+    return profile.from_npz(args.planner_profile_data)
 
 
 def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EngineConfig:
@@ -634,7 +661,7 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     Exits through ``parser.error`` for flags that contradict each other; raises
     `PoolError` or ``ImportError`` for a planner profile that cannot be loaded.
     """
-    if args.planner_profile_data is not None and args.timing_model != "dynamo":
+    if args.planner_profile_data is not None and args.timing_model not in ("dynamo", "dynamo-1.6"):
         parser.error("--planner-profile-data needs --timing-model dynamo")
     check_aic_flags(args, parser)
     timing = _timing(args)
@@ -649,6 +676,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             # built only to be published: the report counts the batches either way
             enable_kv_cache_events=args.zmq_kv_event_port is not None,
             preemption_mode=args.preemption_mode,
+            scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+            watermark=args.watermark,
             timing=timing,
         )
     except PoolError as exc:
@@ -706,10 +735,14 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.trace:
         if args.trace == "-" and sys.stdin.isatty():  # a forgotten pipe would look hung
             print("kvpool simulate: reading the trace from stdin (Ctrl-D ends it)", file=sys.stderr)
-        try:  # validated whole, streamed later
-            trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
+        try:  # validated whole, streamed later; a TraceWarning is one line on stderr
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", TraceWarning)
+                trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
         except TraceError as exc:
             return _fail(str(exc))
+        for warning in caught:
+            print(f"kvpool simulate: warning: {warning.message}", file=sys.stderr)
     try:
         requests, workload = _workload(args, trace)
         return _simulate_loaded(args, backend, options, config, requests, workload)

@@ -32,6 +32,10 @@ RUNS = {
         ],
     ),
     "events": (["bench_events.py"], ["tokens", "batches"]),
+    "fidelity": (
+        ["bench_fidelity.py", "--multiturn", SAMPLE, "--timing", "polynomial"],
+        ["preemptions", "hit tokens", "same TTFT", "target"],
+    ),
     "memory": (
         ["bench_memory.py", "--trace", SAMPLE],
         ["peak RSS", "target < 500 MB", "the run's own wall time"],
