@@ -58,9 +58,13 @@ def finish(server: Served) -> tuple[int, str, float]:
     return server.process.returncode, "".join(server.log) + rest, time.monotonic() - start
 
 
-def test_a_stalled_reader_at_sigterm_is_aborted_at_the_timeout(served: type[Served]) -> None:
+@pytest.mark.parametrize("timeout", [None, "1"], ids=["default-timeout", "one-second"])
+def test_a_stalled_reader_at_sigterm_is_aborted_at_the_timeout(
+    served: type[Served], timeout: str | None
+) -> None:
+    flags = () if timeout is None else ("--shutdown-timeout", timeout)  # default: 0
     server = served("--port", "0", "--log-level", "warning", "--speedup-ratio", "0",
-                    "--num-gpu-blocks", "65536", "--shutdown-timeout", "1")  # fmt: skip
+                    "--num-gpu-blocks", "65536", *flags)  # fmt: skip
     sock = stalled_reader(server.url)
     try:
         time.sleep(0.3)  # streaming: 130 MB that the client will never read
