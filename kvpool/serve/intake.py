@@ -2,15 +2,14 @@
 request can stall the others (they share one event loop with the engines).
 
 - The body is read within a limit (`RequestLimits.max_request_body_bytes`, by default
-  `default_body_bytes` of ``max_model_len``): a declared
-  ``Content-Length`` beyond it is refused before a byte of the body is kept, an
-  undeclared (chunked) body as soon as it grows beyond it, with 413 and
-  ``Connection: close``, as a reverse proxy would. Like nginx's lingering close, the
-  rest of the body is read and dropped for up to `LINGER_S` seconds first, so that a
-  client that sends its whole body before reading (most do) gets the 413 rather than a
-  reset connection; a client that asked ``Expect: 100-continue`` is answered at once
-  and never sends it. A client that leaves mid-upload is `ClientGone`, not an error to
-  log.
+  `default_body_bytes` of ``max_model_len``): a declared ``Content-Length`` beyond it
+  is refused before a byte of the body is kept, an undeclared (chunked) body as soon as
+  it grows beyond it, with 413 and ``Connection: close``, as a reverse proxy would.
+  Like nginx's lingering close, the rest of the body is read and dropped for up to
+  `LINGER_S` seconds first, so that a client that sends its whole body before reading
+  (most do) gets the 413 rather than a reset connection; a client that asked ``Expect:
+  100-continue`` is answered at once and never sends it. A client that leaves
+  mid-upload is `ClientGone`, not an error to log.
 - A big body's batch is counted before its items are even decoded
   (`check_batch_unparsed`, against vLLM's ``VLLM_MAX_COMPLETION_PROMPTS``, which the
   protocol checks again once decoded), and no text prompt longer than the longest
