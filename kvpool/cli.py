@@ -6,8 +6,10 @@ trace, an output file that cannot be written, a missing optional dependency, a s
 that cannot be bound) or a run that leaked KV blocks, 130 when interrupted (Ctrl-C,
 SIGINT) and 143 when terminated (SIGTERM), at any point. Input and output paths are
 checked before anything runs. ``kvpool serve`` is the exception once it is listening:
-there SIGTERM or SIGINT stops it accepting, lets the requests in flight finish and
-exits 0 (uvicorn handles both signals while it serves).
+there SIGTERM or SIGINT stops it accepting, lets the requests in flight run for
+``--shutdown-timeout`` seconds, aborts the rest and exits 0 (see `kvpool.serve.server`).
+Ctrl-C works however the process was started (a SIGINT ignored by inheritance is
+restored).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -26,6 +29,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from kvpool import __version__
+from kvpool.cli_aic import (
+    add_aic_flags,
+    add_profile_command,
+    aic_timing_from_flags,
+    check_aic_flags,
+)
 from kvpool.cli_workload import (
     add_workload_flags,
     check_workload_flags,
@@ -36,7 +45,13 @@ from kvpool.cli_workload import (
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
-from kvpool.engine.timing import DynamoTiming, ProfileTiming, StepTiming
+from kvpool.engine.timing import (
+    Dynamo16ProfileTiming,
+    Dynamo16Timing,
+    DynamoTiming,
+    ProfileTiming,
+    StepTiming,
+)
 from kvpool.errors import PoolError, TraceError
 from kvpool.events.codec import EVENT_FORMATS
 from kvpool.workloads import (
@@ -45,6 +60,7 @@ from kvpool.workloads import (
     RequestSpec,
     Session,
     SyntheticWorkload,
+    TraceWarning,
 )
 
 if TYPE_CHECKING:
@@ -77,6 +93,7 @@ timing model: each engine step takes (linear, the default)
   step-overhead + prefill-per-token * prefill tokens + decode-per-seq * decoding sequences
 or (dynamo) 4.209989e-7*T^2 + 1.518344e-2*T + 16.50142 ms if it computes T prompt tokens,
 plus max(1, -25.74*p^2 + 54.01*p + 5.74) ms if it samples a token, p = KV usage,
+or (aic) aiconfigurator's predicted prefill pass plus decode pass for --aic-model,
 of simulated time; --speedup-ratio 0 (the default) runs as fast as possible, a ratio R > 0
 paces the run so simulated time passes R times faster than wall time.
 
@@ -188,6 +205,22 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="victim when blocks run out: newest running request (lifo, vLLM) or oldest "
         "(fifo) (default: %(default)s)",
     )
+    # admission as vLLM 0.33's SchedulerConfig: the whole sequence must fit, and a watermark
+    engine.add_argument(
+        "--scheduler-reserve-full-isl",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULTS.scheduler_reserve_full_isl,
+        help="admit a waiting request only if the blocks of its whole prompt fit, not "
+        "only its first chunk's (vLLM's; default: on)",
+    )
+    engine.add_argument(
+        "--watermark",
+        type=_number_at_most(1.0),
+        default=_DEFAULTS.watermark,
+        metavar="FRACTION",
+        help="fraction of the pool's blocks an admission must leave free while any "
+        "request runs, in [0, 1) (vLLM's; default: %(default)s)",
+    )
     engine.add_argument(
         "--step-overhead-ms",
         type=_number_at_most(_MAX_TIMING),
@@ -211,18 +244,23 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument(
         "--timing-model",
-        choices=("linear", "dynamo"),
+        choices=("linear", "dynamo", "dynamo-1.6", "aic"),
         default="linear",
-        help="step time: linear (the three flags above) or dynamo (Dynamo mocker 1.4.0's "
-        "default polynomial in the step's prompt tokens and KV usage) (default: %(default)s)",
+        help="step time: linear (the three flags above), dynamo (Dynamo mocker 1.4.0's "
+        "default polynomial in the step's prompt tokens and KV usage; dynamo-1.6: as "
+        "ai-dynamo-runtime 1.6.1 charges it) or aic (a real "
+        "model's latencies on a real GPU, predicted by NVIDIA aiconfigurator's performance "
+        "database, as Dynamo's mocker composes them; the --aic-* flags; needs pip install "
+        "'kvpool[aic]') (default: %(default)s)",
     )
     engine.add_argument(
         "--planner-profile-data",
         metavar="FILE.npz",
-        help="with --timing-model dynamo: interpolate step times from a Dynamo planner "
-        "profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
+        help="with --timing-model dynamo or dynamo-1.6: interpolate step times from a "
+        "Dynamo planner profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
         "decode_context_length, decode_itl) instead of the polynomial (needs numpy)",
     )
+    add_aic_flags(engine, _int_at_least(1))
 
 
 def add_event_flags(group: argparse._ArgumentGroup) -> None:
@@ -400,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.set_defaults(handler=_simulate)
     _add_serve(commands)
+    add_profile_command(commands, _int_at_least(1))
     from kvpool.sweep.command import add_sweep_command  # imports this module: here, not on top
 
     add_sweep_command(commands)
@@ -413,8 +452,8 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="A drop-in vLLM stand-in: the OpenAI-compatible HTTP API, /metrics "
         "with vLLM's names and vLLM's KV events over ZMQ, answered by the mock engine "
         "over the exact KV-cache model (needs the serve extra: pip install "
-        "'kvpool[serve]'). SIGTERM or SIGINT: stop accepting, finish the requests in "
-        "flight, exit 0.",
+        "'kvpool[serve]'). SIGTERM or SIGINT: stop accepting, let the requests in "
+        "flight run for --shutdown-timeout seconds, abort the rest, exit 0.",
     )
     http = serve.add_argument_group("server")
     http.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
@@ -430,8 +469,26 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     http.add_argument(
         "--tokenizer",
         metavar="PATH",
-        help="a local Hugging Face tokenizer.json (default: a built-in deterministic "
-        "word tokenizer; nothing is ever downloaded)",
+        help="a local Hugging Face tokenizer: a model directory holding tokenizer.json, "
+        "or the file (default: a built-in deterministic word tokenizer; nothing is ever "
+        "downloaded)",
+    )
+    http.add_argument(
+        "--max-request-body-bytes",
+        type=_int_at_least(1),
+        metavar="BYTES",
+        help="largest request body kept; a larger one gets 413, its rest dropped, as a "
+        "reverse proxy would refuse it (default: 64 bytes a token of the largest "
+        "request, blocks x block size, and at least 1 MiB)",
+    )
+    http.add_argument(
+        "--shutdown-timeout",
+        type=_int_at_least(0),
+        default=0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long the requests in flight may still run before "
+        "they are aborted; a second signal aborts them at once (default: %(default)s, "
+        "vLLM's: abort at once)",
     )
     http.add_argument(
         "--log-level",
@@ -457,7 +514,56 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="simulated seconds per wall second; 0 = as fast as possible (default: 1)",
     )
     add_event_flags(run)
+    faults = serve.add_argument_group("failure injection (router tests)")
+    faults.add_argument(
+        "--failure-rate",
+        type=_failure_rate,
+        default=0.0,
+        metavar="P",
+        help="fail each valid generation request with probability P, seeded (default: 0)",
+    )
+    faults.add_argument(
+        "--fail-first",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="fail the first N valid generation requests, the types in turn (default: 0)",
+    )
+    faults.add_argument(
+        "--failure-types",
+        type=_failure_types,
+        default=None,
+        metavar="T[,T...]",
+        help="rate_limit (429), overloaded (503), server_error (500), disconnect (the "
+        "connection cut mid-response); default: all",
+    )
     serve.set_defaults(handler=_serve)
+
+
+def _failure_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+_failure_rate.__name__ = "number"
+
+
+def _failure_types(text: str) -> tuple[str, ...]:
+    from kvpool.serve.failures import FAILURE_TYPES
+
+    kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
+    unknown = [kind for kind in kinds if kind not in FAILURE_TYPES]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"must be among {', '.join(FAILURE_TYPES)}, got {text!r}")
+    return kinds
+
+
+_failure_types.__name__ = "failure types"
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -499,6 +605,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     termination = _Termination()
     previous = signal.signal(signal.SIGTERM, termination)
+    # Ctrl-C interrupts however the process was started: a shell's background job (and
+    # whatever it starts) inherits SIGINT ignored, and Python then installs no handler
+    previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return handler(args, parser)
     except KeyboardInterrupt:
@@ -516,6 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_interrupt)
 
 
 def _interrupted(command: str, termination: _Termination) -> int:
@@ -539,9 +649,13 @@ def _timing(args: argparse.Namespace) -> StepTiming:
             prefill_token_s=args.prefill_us_per_token / 1e6,
             decode_seq_s=args.decode_us_per_seq / 1e6,
         )
+    if args.timing_model == "aic":
+        return aic_timing_from_flags(args)
+    release_16 = args.timing_model == "dynamo-1.6"
     if args.planner_profile_data is None:
-        return DynamoTiming()
-    return ProfileTiming.from_npz(args.planner_profile_data)
+        return Dynamo16Timing() if release_16 else DynamoTiming()
+    profile = Dynamo16ProfileTiming if release_16 else ProfileTiming
+    return profile.from_npz(args.planner_profile_data)
 
 
 def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EngineConfig:
@@ -550,8 +664,9 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     Exits through ``parser.error`` for flags that contradict each other; raises
     `PoolError` or ``ImportError`` for a planner profile that cannot be loaded.
     """
-    if args.planner_profile_data is not None and args.timing_model != "dynamo":
+    if args.planner_profile_data is not None and args.timing_model not in ("dynamo", "dynamo-1.6"):
         parser.error("--planner-profile-data needs --timing-model dynamo")
+    check_aic_flags(args, parser)
     timing = _timing(args)
     try:
         return EngineConfig(
@@ -564,6 +679,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             # built only to be published: the report counts the batches either way
             enable_kv_cache_events=args.zmq_kv_event_port is not None,
             preemption_mode=args.preemption_mode,
+            scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+            watermark=args.watermark,
             timing=timing,
         )
     except PoolError as exc:
@@ -655,10 +772,14 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.trace:
         if args.trace == "-" and sys.stdin.isatty():  # a forgotten pipe would look hung
             print("kvpool simulate: reading the trace from stdin (Ctrl-D ends it)", file=sys.stderr)
-        try:  # validated whole, streamed later
-            trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
+        try:  # validated whole, streamed later; a TraceWarning is one line on stderr
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", TraceWarning)
+                trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
         except TraceError as exc:
             return _fail(str(exc))
+        for warning in caught:
+            print(f"kvpool simulate: warning: {warning.message}", file=sys.stderr)
     try:
         requests, workload = _workload(args, trace)
         return _simulate_loaded(args, backend, options, config, requests, workload)

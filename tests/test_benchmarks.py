@@ -26,9 +26,16 @@ RUNS = {
             *("bench_engine.py", "--no-embedded", "--repeat", "1"),
             *("--multiturn", SAMPLE, "--mooncake", SAMPLE),
         ],
-        ["fast-forward", "step by step", "steps simulated", "KV calls", "ms/request", "16384"],
+        [
+            *("fast-forward", "step by step", "steps simulated", "KV calls", "ms/request"),
+            *("16384", "in the model", "database queries"),
+        ],
     ),
     "events": (["bench_events.py"], ["tokens", "batches"]),
+    "fidelity": (
+        ["bench_fidelity.py", "--multiturn", SAMPLE, "--timing", "polynomial"],
+        ["preemptions", "hit tokens", "same TTFT", "target"],
+    ),
     "memory": (
         ["bench_memory.py", "--trace", SAMPLE],
         ["peak RSS", "target < 500 MB", "the run's own wall time"],
@@ -43,7 +50,10 @@ RUNS = {
     ),
     "serve": (
         ["bench_serve.py", "--requests", "20", "--max-tokens", "4"],
-        ["worst clock lag", "requests per second", "tokens per second", "leaked blocks 0"],
+        [
+            *("worst clock lag", "requests per second", "tokens per second", "leaked blocks 0"),
+            *("worst engine clock lag", "small requests, refusing", "50,000-prompt batch"),
+        ],
     ),
 }
 

@@ -32,13 +32,25 @@ from kvpool.engine.runner import (
     run_simulation,
 )
 from kvpool.engine.simulation import Dispatch, Simulation
-from kvpool.engine.timing import DynamoTiming, ProfileDataError, ProfileTiming, StepTiming, StepWork
+from kvpool.engine.timing import (
+    AicTiming,
+    Dynamo16ProfileTiming,
+    Dynamo16Timing,
+    DynamoTiming,
+    ProfileDataError,
+    ProfileTiming,
+    StepTiming,
+    StepWork,
+)
 
 __all__ = [
     "KV_BACKENDS",
+    "AicTiming",
     "Arrivals",
     "Dispatch",
     "Distribution",
+    "Dynamo16ProfileTiming",
+    "Dynamo16Timing",
     "DynamoTiming",
     "EngineConfig",
     "EngineStats",

@@ -12,6 +12,8 @@ import anyio
 from kvpool.engine import EngineConfig
 from kvpool.events import EventSink
 from kvpool.serve.driver import EngineDriver
+from kvpool.serve.failures import FailureInjector
+from kvpool.serve.intake import RequestLimits
 from kvpool.serve.metrics import ServeMetrics
 from kvpool.serve.tokenizer import BuiltinTokenizer, Tokenizer
 
@@ -34,6 +36,8 @@ class ServeState:
         speedup_ratio: float = 1.0,
         tokenizer: Tokenizer | None = None,
         sinks: Sequence[EventSink | None] | None = None,
+        failures: FailureInjector | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         if data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
@@ -42,7 +46,11 @@ class ServeState:
         self.config = config
         self.model_name = model_name
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else BuiltinTokenizer()
+        self.limits = (limits if limits is not None else RequestLimits()).for_context(
+            self.max_model_len
+        )
         self.metrics = ServeMetrics(model_name, config, data_parallel_size)
+        self.failures = failures  # injected failures (router tests), None: none
         self.created = int(time.time())
         self.drivers = [
             EngineDriver(
@@ -68,6 +76,11 @@ class ServeState:
     def leaked_blocks(self) -> int:
         """Blocks still active after the engines stopped (0 when all is well)."""
         return sum(driver.leaked_blocks or 0 for driver in self.drivers)
+
+    @property
+    def shutdown_aborted(self) -> int:
+        """Requests a shutdown's deadline aborted, over every rank."""
+        return sum(driver.shutdown_aborted for driver in self.drivers)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[ServeState]:
