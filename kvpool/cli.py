@@ -1,5 +1,7 @@
 """``kvpool``: the command line. ``kvpool simulate`` runs a workload on mock engines;
 ``kvpool serve`` serves vLLM's OpenAI API over them (`kvpool.serve`, its own extra).
+``kvpool sweep`` runs a grid of ``simulate`` configurations (`kvpool.sweep`) through
+`simulate_run`.
 
 Exit status: 0 on success, 2 for a bad flag, 1 for bad input (an unreadable or malformed
 trace, an output file that cannot be written, a missing optional dependency, a socket

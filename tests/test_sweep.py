@@ -104,6 +104,27 @@ def test_the_grid_is_every_combination_the_last_axis_fastest() -> None:
     )
 
 
+def test_a_range_is_pythons() -> None:
+    assert parse_grid_flag("num-gpu-blocks=range(1024,4097,1024)") == (
+        "num-gpu-blocks",
+        [str(n) for n in range(1024, 4097, 1024)],
+    )
+    assert parse_grid_flag("seed=range(3, 0, -1)")[1] == ["3", "2", "1"]
+    for bad in ("seed=range(1,2,0)", "seed=range(5,1)", "seed=range(1.5,3)"):
+        with pytest.raises(GridError):
+            parse_grid_flag(bad)
+
+
+def test_summary_goes_to_stderr_when_a_table_is_on_stdout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, err = sweep(capsys, *SMALL, "--grid", "seed=1,2", "--jobs", "1", "--csv", "-")
+    assert status == 0, err
+    lines = list(csv.DictReader(io.StringIO(out)))
+    assert [line["seed"] for line in lines] == ["1", "2"]
+    assert "TTFT p99 ms" in err  # the summary's heading
+
+
 def test_a_toml_file_spans_the_grid_its_flags_would(tmp_path: Path) -> None:
     path = tmp_path / "sweep.toml"
     path.write_text(

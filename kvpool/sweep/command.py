@@ -25,7 +25,14 @@ from kvpool.sweep.execute import (
     run_inline,
     run_on_ray,
 )
-from kvpool.sweep.grid import Grid, GridError, build_grid, parse_grid_flag, read_grid_file
+from kvpool.sweep.grid import (
+    Grid,
+    GridError,
+    build_grid,
+    canonical_flag,
+    parse_grid_flag,
+    read_grid_file,
+)
 from kvpool.sweep.table import METRICS, table_csv, table_json, table_text
 
 _DEFAULT_METRIC = "ttft_s.p99"
@@ -89,7 +96,8 @@ def add_sweep_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         action="append",
         default=[],
         metavar="KEY=V1,V2,...",
-        help="a kvpool simulate flag (no dashes) and its values; repeat for more axes",
+        help="a kvpool simulate flag (no dashes) and its values, or KEY=range(START,STOP"
+        "[,STEP]) (integers, STOP excluded); repeat for more axes",
     )
     grid.add_argument(
         "--config", metavar="FILE.toml", help="axes from the [grid] table of a TOML file"
@@ -184,7 +192,7 @@ def _plot_x(args: argparse.Namespace, grid: Grid) -> str | None:
     if args.plot_x is None:
         numeric = [a.key for a in grid.swept if all(_is_number(v) for v in a.values)]
         return (numeric or swept)[0]
-    key: str = args.plot_x.removeprefix("--").replace("_", "-")
+    key = canonical_flag(args.plot_x)
     named = {axis.key: axis for axis in grid.axes}
     if key not in named:
         raise GridError(f"--plot-x {args.plot_x}: not an axis of the grid ({', '.join(named)})")

@@ -7,9 +7,10 @@ as they would be typed after the flag (``true``/``false`` for a switch such as
 the Cartesian product of the axes in the order given, the last axis varying fastest (as
 ``itertools.product``, Hydra's multirun and Ray Tune's grid search enumerate them).
 
-Axes come from ``--grid KEY=V1,V2,...`` or from a TOML file's ``[grid]`` table
-(``key = [v1, v2]`` or ``key = v``). Every run's command line is checked here, as
-``kvpool simulate`` checks its own, before anything runs: a bad spec is a `GridError`.
+Axes come from ``--grid KEY=V1,V2,...`` (or ``KEY=range(START,STOP[,STEP])``) or from
+a TOML file's ``[grid]`` table (``key = [v1, v2]`` or ``key = v``). Every run's command
+line is checked here, as ``kvpool simulate`` checks its own, before anything runs: a bad
+spec is a `GridError`.
 """
 
 from __future__ import annotations
@@ -81,14 +82,35 @@ class Grid:
 
 
 def parse_grid_flag(text: str) -> tuple[str, list[str]]:
-    """``KEY=V1,V2,...`` as (key, values); `GridError` if it is not of that shape."""
+    """``KEY=V1,V2,...`` or ``KEY=range(START,STOP[,STEP])`` (integers, STOP excluded, as
+    Python's and Hydra's ``range``) as (key, values); `GridError` if it is neither."""
     key, sep, values = text.partition("=")
     if not sep or not key.strip():
-        raise GridError(f"--grid {text!r}: expected KEY=VALUE[,VALUE...]")
+        raise GridError(f"--grid {text!r}: expected KEY=VALUE[,VALUE...] or KEY=range(A,B[,STEP])")
+    if values.startswith("range("):
+        return key.strip(), _range_values(text, values)
     parts = values.split(",")
     if any(not part for part in parts):
         raise GridError(f"--grid {text!r}: an empty value")
     return key.strip(), parts
+
+
+_RANGE = re.compile(r"range\((-?\d+),(-?\d+)(?:,(-?\d+))?\)")
+_MAX_RANGE = 10_000  # values of one axis: past it a typo, not a sweep
+
+
+def _range_values(text: str, values: str) -> list[str]:
+    match = _RANGE.fullmatch(values.replace(" ", ""))
+    if match is None:
+        raise GridError(f"--grid {text!r}: expected range(START,STOP[,STEP]) of integers")
+    start, stop = int(match[1]), int(match[2])
+    step = int(match[3]) if match[3] is not None else 1
+    if step == 0:
+        raise GridError(f"--grid {text!r}: a range's step cannot be 0")
+    numbers = range(start, stop, step)
+    if not numbers or len(numbers) > _MAX_RANGE:
+        raise GridError(f"--grid {text!r}: {len(numbers)} values (1 to {_MAX_RANGE} expected)")
+    return [str(n) for n in numbers]
 
 
 def read_grid_file(path: str | Path) -> list[tuple[str, list[str]]]:
@@ -151,6 +173,13 @@ class _FlagTable:
         if canonical in _NOT_SWEPT:
             raise GridError(f"--grid {key}: not in a sweep ({_NOT_SWEPT[canonical]})")
         return canonical, self.actions[canonical]
+
+
+def canonical_flag(key: str) -> str:
+    """The axis name of ``kvpool simulate`` flag ``key`` (an alias, underscores or
+    leading dashes allowed); ``key`` normalised if there is no such flag."""
+    name = key.removeprefix("--").replace("_", "-")
+    return _FlagTable(simulate_parser()[1]).canonical.get(name, name)
 
 
 def _flag_args(key: str, action: argparse.Action, value: str) -> list[str]:
