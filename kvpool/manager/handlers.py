@@ -65,15 +65,19 @@ class ManagerHandlers:
         """The manager protocol's handler table."""
         return {
             AllocateSlots: Handler(self.allocate, undo=self.undo_allocate, waits=_waits),
-            AllocateSteps: Handler(self.allocate_steps, undo=self.undo_allocate_steps),
+            AllocateSteps: Handler(
+                self.allocate_steps, undo=self.undo_allocate_steps, ordered=True
+            ),
             MarkComputed: Handler(self.mark_computed),
             AppendTokens: Handler(self.append_tokens),
             AddRequest: Handler(self.add_request, undo=self.undo_add_request),
             FreeRequest: Handler(self.free, gives_back=True),
             PreemptRequest: Handler(self.preempt, gives_back=True),
-            FinishStep: Handler(self.finish_step, undo=self.undo_finish_step, gives_back=True),
+            FinishStep: Handler(
+                self.finish_step, undo=self.undo_finish_step, gives_back=True, ordered=True
+            ),
             GetPrefillCost: Handler(self.prefill_cost),
-            TakeEvents: Handler(self.take_events, undo=self.undo_take_events),
+            TakeEvents: Handler(self.take_events, undo=self.undo_take_events, ordered=True),
             GetManagerStats: Handler(self.stats),
             CheckManager: Handler(self.check_invariants),
         }
