@@ -22,7 +22,7 @@ import anyio
 from kvpool.actors.actor import Actor, Handler, Status
 from kvpool.actors.client import PoolClient
 from kvpool.actors.pool_state import PoolState
-from kvpool.actors.slots import current_slots
+from kvpool.actors.slots import current_slots, interrupt_safe
 from kvpool.errors import InvalidArgumentError
 from kvpool.pool import BlockPool
 
@@ -96,8 +96,15 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
+@interrupt_safe
 async def _serve(actor: Actor) -> None:
     # Shielded: the actor keeps serving (a cancelled task's give-backs, the queued work
     # at close) until the host closes it, even while an enclosing scope is cancelled.
     with anyio.CancelScope(shield=True):
         await actor.run()
+
+
+# Starting, closing and leaving the actor must not be cut short by Ctrl-C on trio either
+# (a close never posted would leave the host waiting for the actor forever).
+interrupt_safe(open_actor.__wrapped__)  # type: ignore[attr-defined]
+interrupt_safe(open_pool.__wrapped__)  # type: ignore[attr-defined]
