@@ -11,7 +11,7 @@ Invariants the loop keeps: nothing raised in the actor task escapes `Actor.run` 
 or an interrupt there is a crash, answered to every waiter); an unread reply's undo is
 queued on the actor itself (`Actor._undos`) and runs before the actor hands out
 anything of the same ordered stream again; the mailbox's streams are closed once the
-actor is done (`Actor.dispose`).
+actor is done (`Actor.dispose`), so a late post (an undo's wake-up) is dropped.
 """
 
 from __future__ import annotations
@@ -256,7 +256,8 @@ class Actor:
             self._post((None, Handler(self._finish, gives_back=True), None))
 
     def dispose(self) -> None:
-        """Close the mailbox's two streams (the host calls this once `run` returned)."""
+        """Close the mailbox's two streams (`run` does when it returns; the host does
+        too, in case it never ran). Idempotent."""
         self._send.close()
         self._receive.close()
 
@@ -341,6 +342,8 @@ class Actor:
             # A bug (or an interrupt) in a handler, an undo or the loop itself.
             if self._status is not _CRASHED:
                 self._crash(exc, slot)
+        finally:
+            self.dispose()  # nothing is served any more: later posts are refused
 
     def _handle_with_care(
         self, message: Any, handler: Handler[Any, Any], slot: ReplySlot | None
