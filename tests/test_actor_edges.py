@@ -404,3 +404,45 @@ async def test_an_empty_lease_free_is_a_checkpoint() -> None:
             assert scope.cancelled_caught
         await pool.free(blocks)
         assert await _counts(pool) == (0, 0, 0)
+
+
+# ------------------------------------------ an undone call keeps the LRU order
+
+
+def _evicted_order(pool: BlockPool) -> list[int]:
+    """The idle hashes, oldest first (found by evicting them all)."""
+    outcome = pool.reserve([], pool.capacity)
+    assert outcome is not None
+    pool.cancel(outcome.reservation)
+    return list(outcome.removed)
+
+
+@pytest.mark.usefixtures("asyncio_only")
+@pytest.mark.parametrize("call", ["reserve", "admit"])
+async def test_an_unread_reply_is_undone_with_the_lru_order_kept(call: str) -> None:
+    states: list[PoolState] = []
+    tasks: dict[str, asyncio.Task[Any]] = {}
+
+    def extension(state: PoolState) -> dict[type, Handler[Any, Any]]:
+        states.append(state)
+        return _with_cancel({}, tasks)
+
+    async with open_pool(8, extensions=[extension]) as pool:
+        (state,) = states
+        for chain in ([1, 2, 3], [10], [11]):  # idle, oldest first: 3, 2, 1, 10, 11
+            admission = await pool.admit(chain)
+            assert admission is not None
+            await pool.cache_many(list(zip(admission.blocks, chain, strict=True)))
+            await pool.free(admission.blocks)
+        if call == "reserve":
+            tasks["a"] = asyncio.ensure_future(pool.reserve([1, 2], 1))
+        else:
+            tasks["a"] = asyncio.ensure_future(pool.admit([1, 2, 4], 1))
+        cancel = asyncio.ensure_future(pool.call(Cancel("a")))  # the same batch
+        with anyio.fail_after(HANG_GUARD), pytest.raises(asyncio.CancelledError):
+            await tasks["a"]
+        await cancel
+        stats = await pool.stats()  # the undo ran before this
+        assert (stats.num_active, stats.num_active_refs) == (0, 0)
+        assert _evicted_order(state.pool) == [3, 2, 1, 10, 11]
+        await pool.check_invariants()
