@@ -12,6 +12,9 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `AllocateSteps` hands blocks and events out: each allocation of each step undone as
   `AllocateSlots`'s, last first, then the steps' events put back ahead of newer ones.
 - `TakeEvents` hands events out: undone by putting them back ahead of newer ones.
+- `TakeEvents`, `FinishStep` and `AllocateSteps` are ``ordered``: the actor serves one
+  only after every earlier one's reply was read or undone, so putting events back
+  never lands them behind newer events another drainer already took.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
   their caller left; an unread `FinishStep` reply's events are put back.
