@@ -37,6 +37,7 @@ RUNS = {
         ["bench_memory.py", "--trace", SAMPLE, "--breakdown"],
         ["held at the end of the run", "building the report", "peak RSS of this process"],
     ),
+    "fuzz": (["fuzz_actor.py", "--quick"], ["asyncio: seeds", "trio: seeds", "no breach"]),
     "serve": (
         ["bench_serve.py", "--requests", "20", "--max-tokens", "4"],
         ["worst clock lag", "requests per second", "tokens per second", "leaked blocks 0"],

@@ -240,11 +240,17 @@ class _TrioSlot:
         return _trio.Abort.SUCCEEDED
 
     def __await__(self) -> Generator[Any, None, Any]:
-        state = self._state
-        if state == _PENDING:
+        if self._state == _PENDING:  # the common case: park until the actor replies
             self._state = _PARKED
-            return (yield from _trio.wait_task_rescheduled(self._abort).__await__())
-        if state == _DELIVERED:
+            waiting: Generator[Any, None, Any] = _trio.wait_task_rescheduled(
+                self._abort
+            ).__await__()
+            return waiting
+        return self._early().__await__()
+
+    async def _early(self) -> Any:
+        """The reply (or error) that arrived before the caller parked."""
+        if self._state == _DELIVERED:
             return self._reply
         error = self._error
         assert error is not None, "a trio reply slot awaited twice"
