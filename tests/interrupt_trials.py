@@ -107,19 +107,36 @@ async def _scenario(trial: Trial, seed: int, rounds: int | None) -> None:
                 trial.status = pool_box[0]._actor.status if pool_box else None
 
 
-def run_trial(seed: int, rounds: int | None, interrupt: Callable[[], Any]) -> Trial:
-    """One ``trio.run`` of the scenario, with trio's own Ctrl-C handler installed."""
+def run_trial(
+    seed: int, rounds: int | None, interrupt: Callable[[], Callable[[], None] | None]
+) -> Trial:
+    """One ``trio.run`` of the scenario, with trio's own Ctrl-C handler installed.
+
+    ``interrupt`` runs first thing in the run; what it returns (if anything) is called
+    once the run is over, with SIGINT ignored meanwhile, to stop any further signal.
+    """
     trial = Trial()
+    stop: list[Callable[[], None] | None] = [None]
     with default_sigint():
         try:
-            trio.run(_start, trial, seed, rounds, interrupt)
+            trio.run(_start, trial, seed, rounds, interrupt, stop)
         except BaseException as exc:  # what reached the top: inspected by `check`
             trial.run_raised = exc
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a late signal is dropped
+            if stop[0] is not None:
+                stop[0]()
     return trial
 
 
-async def _start(trial: Trial, seed: int, rounds: int | None, interrupt: Callable[[], Any]) -> None:
-    interrupt()
+async def _start(
+    trial: Trial,
+    seed: int,
+    rounds: int | None,
+    interrupt: Callable[[], Callable[[], None] | None],
+    stop: list[Callable[[], None] | None],
+) -> None:
+    stop[0] = interrupt()
     await _scenario(trial, seed, rounds)
 
 
@@ -167,12 +184,32 @@ def check(trial: Trial) -> str:
     return f"open_pool raised {type(raised).__name__}"
 
 
-def _signal_later(delay: float) -> Callable[[], None]:
-    """Send this process a real SIGINT ``delay`` seconds after the run starts."""
+def _signal_later(delay: float) -> Callable[[], Callable[[], None]]:
+    """Send this process a real SIGINT ``delay`` seconds after the run starts, then
+    again every 20 ms until the run is over: Python drops a KeyboardInterrupt raised
+    inside a weakref callback or a ``__del__`` (trio's handler cannot tell those
+    frames apart), and a user whose first Ctrl-C vanished presses again."""
 
-    def start() -> None:
+    def start() -> Callable[[], None]:
         pid = os.getpid()
-        threading.Timer(delay, os.kill, (pid, signal.SIGINT)).start()
+        over = threading.Event()
+
+        def press() -> None:
+            if over.wait(delay):
+                return
+            for _ in range(500):
+                os.kill(pid, signal.SIGINT)
+                if over.wait(0.02):
+                    return
+
+        thread = threading.Thread(target=press, daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            over.set()
+            thread.join()
+
+        return stop
 
     return start
 
