@@ -12,6 +12,7 @@ moments, in a subprocess (bounded: a few dozen trials).
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import signal
 import subprocess
@@ -56,6 +57,50 @@ def _interrupt_at_line(target: int | None, counted: list[int]) -> Callable[[], N
         sys.settrace(tracer)
 
     return start
+
+
+def _interrupt_after_posting(nth: int) -> Callable[[], None]:
+    """Raise SIGINT at the ``nth`` line a call runs right after posting its message
+    (between the post and the park: where a caller's Ctrl-C once left its slot live)."""
+    seen = [0]
+
+    last_lines: dict[int, str] = {}
+
+    def local_by_id(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            previous = last_lines.get(id(frame))
+            if previous is not None and "self._post((message, handler, slot))" in previous:
+                seen[0] += 1
+                if seen[0] == nth:
+                    sys.settrace(None)
+                    signal.raise_signal(signal.SIGINT)
+            last_lines[id(frame)] = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        return local_by_id
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name == "call" and frame.f_code.co_filename.startswith(ACTOR_DIR):
+            last_lines.pop(id(frame), None)
+            return local_by_id
+        return None
+
+    def start() -> None:
+        sys.settrace(tracer)
+
+    return start
+
+
+def test_ctrl_c_between_posting_and_parking_ends_as_the_contract_says() -> None:
+    previous = sys.gettrace()
+    outcomes: dict[str, int] = {}
+    try:
+        for nth in range(1, 60, 2):
+            trial = run_trial(7, ROUNDS, _interrupt_after_posting(nth))
+            sys.settrace(None)
+            outcome = check(trial)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    finally:
+        sys.settrace(previous)
+    assert outcomes.get("open_pool raised KeyboardInterrupt", 0) > 10, outcomes
 
 
 def _sweep(seed: int) -> dict[str, int]:
