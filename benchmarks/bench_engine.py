@@ -46,7 +46,13 @@ the trace's second read included):
   method (each a round trip on the actor backend);
 - Mooncake's synthetic trace (``../shared/traces/mooncake_synthetic_trace.jsonl.gz``,
   3,993 requests), actor backend, fast-forward: the default ``--num-gpu-blocks`` and
-  16384.
+  16384; at the default (``--aic-blocks 16384``: at the larger), ``--timing-model
+  aic`` (Qwen3-8B on one H200, with aiconfigurator-core installed; its default context
+  bucket, and exact) next to the linear model: wall time and steps (the exact
+  variant's from its timed run), and, from a run with the timing model wrapped in a
+  timer, the time a step spends in the model's ``duration`` (aic: its cache lookups
+  and the database queries they miss,
+  counted) against the linear model's.
 
 Fast variants are best of ``--repeat``; a run longer than `SLOW_S` is not repeated.
 """
@@ -76,7 +82,7 @@ from typing import Any, cast
 import anyio
 from build_info import REPO, describe_build  # benchmarks/ is the script's path
 
-from kvpool.engine import EngineConfig, KvClient, TimedKvClient
+from kvpool.engine import EngineConfig, KvClient, TimedKvClient, TimingModel
 from kvpool.engine.report import WorkerReport
 from kvpool.engine.runner import KV_BACKENDS, KvFactory, SimulationRun, run_simulation
 from kvpool.workloads import MooncakeTrace, RequestSpec, default_workload
@@ -515,8 +521,9 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
         )
 
 
-def mooncake_section(path: Path, repeat: int, reproduce: str) -> None:
-    """Mooncake's synthetic trace, actor backend, fast-forward, two pool sizes."""
+def mooncake_section(path: Path, repeat: int, reproduce: str, aic_blocks: int) -> None:
+    """Mooncake's synthetic trace, actor backend, fast-forward, two pool sizes; the
+    timing models compared at ``aic_blocks``."""
     if not path.is_file():
         print(f"\nMooncake trace: skipped, no file {path}")
         return
@@ -549,6 +556,104 @@ def mooncake_section(path: Path, repeat: int, reproduce: str) -> None:
                     f"{total.steps:,} steps)",
                 )
                 dynamo_row(plain, config, repeat, timed)
+                if blocks == aic_blocks:
+                    aic_rows(trace, blocks, repeat, timed)
+
+
+AIC_MODEL = ("Qwen/Qwen3-8B", "h200_sxm")
+"""The model and GPU system of the aic rows (the README's example)."""
+
+
+class TimedTiming:
+    """A step-time model wrapped to count its ``duration`` calls and the seconds in them
+    (the wrapper's own two clock reads included: about 0.1 us a call)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.seconds = 0.0
+
+    def duration(self, work: Any) -> float:
+        start = time.perf_counter()
+        value: float = self.inner.duration(work)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return value
+
+
+class CountedPredictor:
+    """aiconfigurator's predictor, counting the queries that reach its database."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.queries = 0
+
+    def predict_prefill_latency(self, bs: int, isl: int, prefix: int = 0) -> float:
+        self.queries += 1
+        value: float = self.inner.predict_prefill_latency(bs, isl, prefix)
+        return value
+
+    def predict_decode_latency(self, bs: int, isl: int, osl: int = 2) -> float:
+        self.queries += 1
+        value: float = self.inner.predict_decode_latency(bs, isl, osl)
+        return value
+
+
+def aic_rows(trace: MooncakeTrace, blocks: int, repeat: int, linear: Timed) -> None:
+    """``--timing-model aic`` (the default context bucket, and exact) against the
+    linear run ``linear`` on the same trace and pool."""
+    from kvpool.engine.aic import AicSpec, load_predictor
+    from kvpool.engine.timing import AIC_CONTEXT_BUCKET, AicTiming
+
+    try:
+        start = time.perf_counter()
+        predictor, version = load_predictor(AicSpec(*AIC_MODEL))
+        compile_s = time.perf_counter() - start
+    except ImportError:
+        print("  --timing-model aic: skipped (pip install 'kvpool[aic]' to compare)")
+        return
+    print(
+        f"  {blocks} blocks, timing models ({AIC_MODEL[0]} on {AIC_MODEL[1]}, vllm "
+        f"{version}, compiled in {compile_s:.2f} s, not counted):"
+    )
+
+    def config(timing: Any) -> EngineConfig:
+        return EngineConfig(num_gpu_blocks=blocks, enable_kv_cache_events=CLI_EVENTS, timing=timing)
+
+    for label, bucket in (
+        ("linear", 0),
+        (f"aic, bucket {AIC_CONTEXT_BUCKET}", AIC_CONTEXT_BUCKET),
+        ("aic, exact (bucket 1)", 1),
+    ):
+
+        def make(source: Any, bucket: int = bucket) -> Any:
+            return AicTiming(source, context_bucket=bucket) if bucket else TimingModel()
+
+        # A run with the model timed (and its database queries counted); for the
+        # default bucket also plain runs, best of `repeat`, for the wall time (the
+        # linear model's is the row above).
+        counted = CountedPredictor(predictor)
+        wrapped = TimedTiming(make(counted))
+        run, wall = run_trace(trace, config(wrapped), "actor", True)
+        if bucket == AIC_CONTEXT_BUCKET:
+            once = functools.partial(run_trace, trace, config(make(predictor)), "actor", True)
+            timed = best_of(repeat, once)
+        elif bucket:
+            timed = Timed(1, wall, run.report.simulated_s, run.report.total)
+        else:
+            timed = linear
+        del run
+        total = timed.total
+        queries = f", {counted.queries:,} database queries" if bucket else ""
+        row(
+            f"  {label}",
+            timed,
+            f"{1e3 * timed.wall_s / total.requests_submitted:11.2f}   ({total.steps:,} steps, "
+            f"TTFT mean {total.ttft_s.mean:.2f} s; in the model "
+            f"{1e6 * wrapped.seconds / total.steps:.2f} us a step, "
+            f"{1e6 * wrapped.seconds / max(wrapped.calls, 1):.2f} us a call, "
+            f"{100 * wrapped.seconds / wall:.1f}% of its timed run{queries})",
+        )
 
 
 @contextmanager
@@ -635,6 +740,15 @@ def main() -> None:
         help=f"Mooncake's synthetic trace (default: {MOONCAKE})",
     )
     parser.add_argument(
+        "--aic-blocks",
+        type=int,
+        choices=MOONCAKE_BLOCKS,
+        default=MOONCAKE_BLOCKS[0],
+        help="the Mooncake pool size at which the timing models are compared (default: "
+        "%(default)s; at 16384 the decode batches are large, where the database queries "
+        "cost most)",
+    )
+    parser.add_argument(
         "--no-step-by-step",
         action="store_true",
         help="skip the step-by-step runs of the multi-turn trace (about a minute each)",
@@ -656,7 +770,9 @@ def main() -> None:
                 multiturn_section(path, args.repeat, not args.no_step_by_step, command + named)
     if args.traces or args.mooncake is not None:
         named = "--traces" if args.mooncake is None else f"--mooncake {args.mooncake}"
-        mooncake_section(args.mooncake or MOONCAKE, args.repeat, command + named)
+        if args.aic_blocks != MOONCAKE_BLOCKS[0]:
+            named += f" --aic-blocks {args.aic_blocks}"
+        mooncake_section(args.mooncake or MOONCAKE, args.repeat, command + named, args.aic_blocks)
 
 
 if __name__ == "__main__":

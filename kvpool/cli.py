@@ -13,6 +13,7 @@ exits 0 (uvicorn handles both signals while it serves).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -25,6 +26,19 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from kvpool import __version__
+from kvpool.cli_aic import (
+    add_aic_flags,
+    add_profile_command,
+    aic_timing_from_flags,
+    check_aic_flags,
+)
+from kvpool.cli_workload import (
+    add_workload_flags,
+    check_workload_flags,
+    sla,
+    synthetic_description,
+    synthetic_sessions,
+)
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
@@ -35,6 +49,7 @@ from kvpool.workloads import (
     MOONCAKE_BLOCK_SIZE,
     MooncakeTrace,
     RequestSpec,
+    Session,
     SyntheticWorkload,
 )
 
@@ -68,6 +83,7 @@ timing model: each engine step takes (linear, the default)
   step-overhead + prefill-per-token * prefill tokens + decode-per-seq * decoding sequences
 or (dynamo) 4.209989e-7*T^2 + 1.518344e-2*T + 16.50142 ms if it computes T prompt tokens,
 plus max(1, -25.74*p^2 + 54.01*p + 5.74) ms if it samples a token, p = KV usage,
+or (aic) aiconfigurator's predicted prefill pass plus decode pass for --aic-model,
 of simulated time; --speedup-ratio 0 (the default) runs as fast as possible, a ratio R > 0
 paces the run so simulated time passes R times faster than wall time.
 
@@ -202,10 +218,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument(
         "--timing-model",
-        choices=("linear", "dynamo"),
+        choices=("linear", "dynamo", "aic"),
         default="linear",
-        help="step time: linear (the three flags above) or dynamo (Dynamo mocker 1.4.0's "
-        "default polynomial in the step's prompt tokens and KV usage) (default: %(default)s)",
+        help="step time: linear (the three flags above), dynamo (Dynamo mocker 1.4.0's "
+        "default polynomial in the step's prompt tokens and KV usage) or aic (a real "
+        "model's latencies on a real GPU, predicted by NVIDIA aiconfigurator's performance "
+        "database, as Dynamo's mocker composes them; the --aic-* flags; needs pip install "
+        "'kvpool[aic]') (default: %(default)s)",
     )
     engine.add_argument(
         "--planner-profile-data",
@@ -214,6 +233,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
         "decode_context_length, decode_itl) instead of the polynomial (needs numpy)",
     )
+    add_aic_flags(engine, _int_at_least(1))
 
 
 def add_event_flags(group: argparse._ArgumentGroup) -> None:
@@ -348,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(--no-fast-forward) (default: on)",
     )
     add_event_flags(cluster)
+    add_workload_flags(sim)
     cluster.add_argument(
         "--kv-backend",
         choices=("actor", "local"),
@@ -390,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.set_defaults(handler=_simulate)
     _add_serve(commands)
+    add_profile_command(commands, _int_at_least(1))
     return parser
 
 
@@ -417,8 +439,9 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     http.add_argument(
         "--tokenizer",
         metavar="PATH",
-        help="a local Hugging Face tokenizer.json (default: a built-in deterministic "
-        "word tokenizer; nothing is ever downloaded)",
+        help="a local Hugging Face tokenizer: a model directory holding tokenizer.json, "
+        "or the file (default: a built-in deterministic word tokenizer; nothing is ever "
+        "downloaded)",
     )
     http.add_argument(
         "--log-level",
@@ -444,7 +467,56 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="simulated seconds per wall second; 0 = as fast as possible (default: 1)",
     )
     add_event_flags(run)
+    faults = serve.add_argument_group("failure injection (router tests)")
+    faults.add_argument(
+        "--failure-rate",
+        type=_failure_rate,
+        default=0.0,
+        metavar="P",
+        help="fail each valid generation request with probability P, seeded (default: 0)",
+    )
+    faults.add_argument(
+        "--fail-first",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="fail the first N valid generation requests, the types in turn (default: 0)",
+    )
+    faults.add_argument(
+        "--failure-types",
+        type=_failure_types,
+        default=None,
+        metavar="T[,T...]",
+        help="rate_limit (429), overloaded (503), server_error (500), disconnect (the "
+        "connection cut mid-response); default: all",
+    )
     serve.set_defaults(handler=_serve)
+
+
+def _failure_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+_failure_rate.__name__ = "number"
+
+
+def _failure_types(text: str) -> tuple[str, ...]:
+    from kvpool.serve.failures import FAILURE_TYPES
+
+    kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
+    unknown = [kind for kind in kinds if kind not in FAILURE_TYPES]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"must be among {', '.join(FAILURE_TYPES)}, got {text!r}")
+    return kinds
+
+
+_failure_types.__name__ = "failure types"
 
 
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -526,6 +598,8 @@ def _timing(args: argparse.Namespace) -> StepTiming:
             prefill_token_s=args.prefill_us_per_token / 1e6,
             decode_seq_s=args.decode_us_per_seq / 1e6,
         )
+    if args.timing_model == "aic":
+        return aic_timing_from_flags(args)
     if args.planner_profile_data is None:
         return DynamoTiming()
     return ProfileTiming.from_npz(args.planner_profile_data)
@@ -539,6 +613,7 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """
     if args.planner_profile_data is not None and args.timing_model != "dynamo":
         parser.error("--planner-profile-data needs --timing-model dynamo")
+    check_aic_flags(args, parser)
     timing = _timing(args)
     try:
         return EngineConfig(
@@ -577,6 +652,8 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         config = engine_config(args, parser)
     except (PoolError, ImportError) as exc:
         return _fail(str(exc))
+    check_workload_flags(args, parser)
+    config = dataclasses.replace(config, max_model_len=args.max_model_len)
     if args.trace and (args.seed != 0 or args.sessions != SyntheticWorkload().num_sessions):
         parser.error("--seed and --sessions shape the embedded workload; --trace replaces it")
     if not args.trace and args.trace_block_size != MOONCAKE_BLOCK_SIZE:
@@ -620,10 +697,15 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _workload(
     args: argparse.Namespace, trace: MooncakeTrace | None
-) -> tuple[Iterable[RequestSpec], str]:
+) -> tuple[Iterable[RequestSpec | Session], str]:
     if trace is not None:
         order = "" if trace.in_order else ", out of timestamp order: held and sorted"
         return trace, f"trace {trace.source} ({len(trace)} requests{order})"
+    if args.synthetic:
+        synthetic = synthetic_sessions(args)
+        sessions = synthetic.sessions()
+        count = sum(session.num_turns for session in sessions)
+        return sessions, synthetic_description(synthetic, count)
     requests = SyntheticWorkload(seed=args.seed, num_sessions=args.sessions).requests()
     return requests, (
         f"embedded default workload (seed {args.seed}, {args.sessions} sessions, "
@@ -683,7 +765,7 @@ def _simulate_loaded(
     backend: str,
     options: dict[str, object],
     config: EngineConfig,
-    requests: Iterable[RequestSpec],
+    requests: Iterable[RequestSpec | Session],
     workload: str,
 ) -> int:
     try:
@@ -787,7 +869,7 @@ def _run(
     backend: str,
     options: dict[str, object],
     config: EngineConfig,
-    requests: Iterable[RequestSpec],
+    requests: Iterable[RequestSpec | Session],
     workload: str,
     sinks: Sequence[EventSink] | None,
     progress: ProgressBar | None,
@@ -807,6 +889,11 @@ def _run(
             workload=workload,
             settings=_settings(args),
             kv_factory=KV_BACKENDS[args.kv_backend],
+            concurrency=args.concurrency,
+            arrival_speedup_ratio=args.arrival_speedup_ratio,
+            max_sim_time_s=args.max_sim_time_s,
+            lockstep=args.data_parallel_lockstep,
+            sla=sla(args),
         )
 
     return anyio.run(go, backend=backend, backend_options=options)

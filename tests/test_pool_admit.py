@@ -22,8 +22,8 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
+from state_coverage import run_until_covered
 from test_pool_bad_input import ABSENT, EVICTED, Recipe, build, snapshot
 from test_pool_stateful import _lru_ids
 
@@ -333,30 +333,30 @@ ADMIT_SETTINGS = settings(
 def test_admit_equals_the_composition() -> None:
     """Random admissions, caching, frees and pins on twin pools, then proof that the run
     reached every kind of chain: hits of each state, duplicates, evictions, refusals."""
-    COVERAGE.clear()
-    run_state_machine_as_test(AdmitMachine, settings=ADMIT_SETTINGS)
-    required = [
-        "full_hit",
-        "partial_hit",
-        "resident_after_miss",
-        "duplicate_hit",
-        "prefix_active",
-        "prefix_inactive",
-        "prefix_pinned",
-        "extra",
-        "removed_hash",
-        "evicted_copy_keeping_hash",
-        "evicted_with_idle_hits",
-        "none",
-        "capacity_error",
-        "bad_hash",
-        "bad_hash_after_miss",
-        "cache_many",
-        "cache_private",
-        "free",
-    ]
-    missing = [name for name in required if COVERAGE[name] == 0]
+    missing = run_until_covered(AdmitMachine, ADMIT_SETTINGS, COVERAGE, ADMIT_STATES)
     assert not missing, f"the generator never reached {missing}; coverage: {dict(COVERAGE)}"
+
+
+ADMIT_STATES = [
+    "full_hit",
+    "partial_hit",
+    "resident_after_miss",
+    "duplicate_hit",
+    "prefix_active",
+    "prefix_inactive",
+    "prefix_pinned",
+    "extra",
+    "removed_hash",
+    "evicted_copy_keeping_hash",
+    "evicted_with_idle_hits",
+    "none",
+    "capacity_error",
+    "bad_hash",
+    "bad_hash_after_miss",
+    "cache_many",
+    "cache_private",
+    "free",
+]
 
 
 # --------------------------------------------------------------- targeted examples

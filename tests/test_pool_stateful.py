@@ -21,8 +21,8 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
+from state_coverage import run_until_covered
 
 from kvpool import (
     AlreadyCachedError,
@@ -730,39 +730,40 @@ PoolMachine.TestCase.settings = settings(
 )
 
 
+REQUIRED_STATES = [
+    "evictions",
+    "eviction_keeping_hash",
+    "promoted_next_copy",
+    "pinned_inactive_reserve",
+    "pinned_inactive_reserve_with_eviction",
+    "duplicate_in_prefix",
+    "duplicate_copy",
+    "reserve_none",
+    "cancel_relinks",
+    "activated_blocks",
+    "admit_hits",
+    "admit_active_hits",
+    "admit_evicted",
+    "admit_none",
+    "unallocated",
+    "unallocated_duplicate",
+    "unallocated_into_reservation",
+    "error:CapacityError",
+    "error:PrefixNotResidentError",
+    "error:ReservationClosedError",
+    "error:ReservationExhaustedError",
+    "error:ForeignReservationError",
+    "error:UnknownBlockError",
+    "error:BlockNotReferencedError",
+    "error:BlockSharedError",
+    "error:AlreadyCachedError",
+    "error:InvalidHashError",
+    "error:InvalidArgumentError",
+]
+
+
 def test_pool_matches_the_model() -> None:
     """Run the machine, then prove the generator reached the states that matter."""
-    COVERAGE.clear()
-    run_state_machine_as_test(PoolMachine, settings=PoolMachine.TestCase.settings)
-    required = [
-        "evictions",
-        "eviction_keeping_hash",
-        "promoted_next_copy",
-        "pinned_inactive_reserve",
-        "pinned_inactive_reserve_with_eviction",
-        "duplicate_in_prefix",
-        "duplicate_copy",
-        "reserve_none",
-        "cancel_relinks",
-        "activated_blocks",
-        "admit_hits",
-        "admit_active_hits",
-        "admit_evicted",
-        "admit_none",
-        "unallocated",
-        "unallocated_duplicate",
-        "unallocated_into_reservation",
-        "error:CapacityError",
-        "error:PrefixNotResidentError",
-        "error:ReservationClosedError",
-        "error:ReservationExhaustedError",
-        "error:ForeignReservationError",
-        "error:UnknownBlockError",
-        "error:BlockNotReferencedError",
-        "error:BlockSharedError",
-        "error:AlreadyCachedError",
-        "error:InvalidHashError",
-        "error:InvalidArgumentError",
-    ]
-    missing = [name for name in required if COVERAGE[name] == 0]
+    settings_ = PoolMachine.TestCase.settings
+    missing = run_until_covered(PoolMachine, settings_, COVERAGE, REQUIRED_STATES)
     assert not missing, f"the generator never reached {missing}; coverage: {dict(COVERAGE)}"

@@ -167,40 +167,71 @@ async def test_openai_sdk_streams_concurrently_with_usage() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "param", "fragment"),
+    ("body", "status", "kind", "param", "fragment"),
     [
-        pytest.param(b'{"model": "kvpool-mock", "prompt": ', None, "malformed JSON", id="json"),
-        pytest.param(b'{"prompt": "x"}', None, "invalid request", id="no-model"),
-        pytest.param(b'{"model": "gpt-4", "prompt": "x"}', "model", "does not exist", id="model"),
+        pytest.param(
+            b'{"model": "kvpool-mock", "prompt": ', 400, "Bad Request", "body", "JSON", id="json"
+        ),
+        pytest.param(
+            b'{"model": "gpt-4", "prompt": "x"}',
+            404,
+            "NotFoundError",
+            "model",
+            "does not exist",
+            id="model",
+        ),
         pytest.param(
             b'{"model": "kvpool-mock", "prompt": "x", "max_tokens": -1}',
+            400,
+            "BadRequestError",
             "max_tokens",
             "at least 1",
             id="negative-max-tokens",
         ),
         pytest.param(
             b'{"model": "kvpool-mock", "prompt": "x", "max_tokens": 4, "min_tokens": 5}',
-            "min_tokens",
+            400,
+            "BadRequestError",
+            None,
             "min_tokens",
             id="min-above-max",
         ),
         pytest.param(
             b'{"model": "kvpool-mock", "prompt": [1, 2], "max_tokens": 1024}',
+            400,
+            "BadRequestError",
             "max_tokens",
             "maximum context length is 1024",
             id="larger-than-the-cache",
         ),
-        pytest.param(b'{"model": "kvpool-mock", "prompt": ""}', "prompt", "empty", id="empty"),
         pytest.param(
-            b'{"model": "kvpool-mock", "prompt": [1, "a"]}', "prompt", "prompt must", id="mixed"
+            b'{"model": "kvpool-mock", "prompt": ""}',
+            400,
+            "Bad Request",
+            "prompt",
+            "non-empty",
+            id="empty",
         ),
         pytest.param(
-            b'{"model": "kvpool-mock", "prompt": [-1]}', "prompt", "token ids", id="negative-id"
+            b'{"model": "kvpool-mock", "prompt": [1, "a"]}',
+            400,
+            "Bad Request",
+            "body.prompt",
+            "prompt must",
+            id="mixed",
+        ),
+        pytest.param(
+            b'{"model": "kvpool-mock", "prompt": [-1]}',
+            400,
+            "Bad Request",
+            "body.prompt",
+            "greater than or equal to 0",
+            id="negative-id",
         ),
     ],
 )
-async def test_bad_input_gets_400_with_openais_error_body(
-    body: bytes, param: str | None, fragment: str
+async def test_bad_input_gets_vllms_status_and_error_body(
+    body: bytes, status: int, kind: str, param: str | None, fragment: str
 ) -> None:
     state = small_state()
     with anyio.fail_after(GUARD_S):
@@ -212,13 +243,12 @@ async def test_bad_input_gets_400_with_openais_error_body(
             still_fine = await client.post(
                 "/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1}
             )
-    assert response.status_code == 400
+    assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "invalid_request_error"
-    assert error["param"] == param
+    assert (error["type"], error["code"], error["param"]) == (kind, status, param)
     assert fragment in error["message"]
-    assert chat.status_code == 400
+    assert chat.status_code == 404
     assert still_fine.status_code == 200  # a bad request leaves the server usable
     assert state.leaked_blocks == 0
 
@@ -437,7 +467,10 @@ async def test_streamed_chunks_are_openais_compact_json_byte_for_byte(chat: bool
         assert list(chunk) == ["id", "object", "created", "model", "choices"]
         (choice,) = chunk["choices"]
         content = ["delta"] if chat else ["text"]
-        assert list(choice) == ["index", *content, "logprobs", "finish_reason"]
+        keys = ["index", *content, "logprobs", "finish_reason", "stop_reason"]
+        if chat and "role" in choice["delta"]:  # the opening chunk sets no stop_reason
+            keys.remove("stop_reason")
+        assert list(choice) == keys
         assert event == b"data: " + encode(chunk)  # compact, as an encoder writes it
         texts.append(choice["delta"].get("content", "") if chat else choice["text"])
     finishes = [msgspec.json.decode(e[6:])["choices"][0]["finish_reason"] for e in events[:-1]]

@@ -4,11 +4,15 @@
 rules) and jumps over decode-only steps (`MockEngine.fast_forward`), `Simulation` runs
 several engines on a workload in simulated time,
 `run_simulation` opens one KV client per engine (a manager actor each, `open_actor_kv`,
-or an inline manager, `open_local_kv`), runs, and returns the `Report`.
+or an inline manager, `open_local_kv`), runs, and returns the `Report`. `Arrivals` says
+when each request is sent (open or closed loop, multi-turn sessions); an `Sla` adds
+goodput to the report.
 """
 
+from kvpool.engine.arrivals import Arrivals
 from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
 from kvpool.engine.engine import MockEngine, StepResult
+from kvpool.engine.goodput import Goodput, Sla
 from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.record import RequestRecord
@@ -28,15 +32,25 @@ from kvpool.engine.runner import (
     run_simulation,
 )
 from kvpool.engine.simulation import Dispatch, Simulation
-from kvpool.engine.timing import DynamoTiming, ProfileDataError, ProfileTiming, StepTiming, StepWork
+from kvpool.engine.timing import (
+    AicTiming,
+    DynamoTiming,
+    ProfileDataError,
+    ProfileTiming,
+    StepTiming,
+    StepWork,
+)
 
 __all__ = [
     "KV_BACKENDS",
+    "AicTiming",
+    "Arrivals",
     "Dispatch",
     "Distribution",
     "DynamoTiming",
     "EngineConfig",
     "EngineStats",
+    "Goodput",
     "KvClient",
     "KvUsage",
     "LocalKvClient",
@@ -48,6 +62,7 @@ __all__ = [
     "RequestRecord",
     "Simulation",
     "SimulationRun",
+    "Sla",
     "StepResult",
     "StepTiming",
     "StepWork",

@@ -54,6 +54,9 @@ class EngineConfig:
     ``enable_kv_cache_events`` (vLLM's ``KVEventsConfig`` switch) builds the KV events an
     event sink publishes; off, nothing is built and the report is the same (the batches
     are counted all the same): `kvpool simulate` turns it on only when it publishes.
+    ``max_model_len`` (vLLM's; None: no limit but the pool's) is the most tokens a
+    request may hold, prompt plus output: a longer one is rejected when submitted, as
+    vLLM's server refuses a prompt plus ``max_tokens`` beyond it.
     """
 
     num_gpu_blocks: int = 1024
@@ -65,8 +68,15 @@ class EngineConfig:
     enable_kv_cache_events: bool = True
     preemption_mode: PreemptionMode = "lifo"
     timing: StepTiming = field(default_factory=TimingModel)
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_model_len is not None and (
+            type(self.max_model_len) is not int or self.max_model_len < 1
+        ):
+            raise InvalidArgumentError(
+                f"max_model_len must be an int >= 1 or None, got {self.max_model_len!r}"
+            )
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:

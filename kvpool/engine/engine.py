@@ -67,7 +67,8 @@ those blocks in one call, with results identical to single steps.
 
 A request that could never run - more blocks than the pool holds for its prompt plus its
 output, or, with chunked prefill off, more tokens than one step's budget - is rejected
-when submitted. Everything here is deterministic: same requests, same run.
+when submitted, and so is one longer than ``max_model_len`` (prompt plus output).
+Everything here is deterministic: same requests, same run.
 """
 
 from __future__ import annotations
@@ -219,6 +220,12 @@ class MockEngine:
     def rejection_reason(self, spec: RequestSpec) -> str | None:
         """Why ``spec`` could never run on this engine, or None if it can."""
         config = self.config
+        limit = config.max_model_len
+        if limit is not None and spec.input_length + spec.output_length > limit:
+            return (
+                f"holds {spec.input_length} prompt and {spec.output_length} output tokens, "
+                f"more than max_model_len {limit}"
+            )
         # The last output token is sampled, never computed: it needs no KV slot.
         max_tokens = spec.input_length + spec.output_length - 1
         blocks = -(-max_tokens // config.block_size)
@@ -284,6 +291,15 @@ class MockEngine:
         Raises `RuntimeError` when there is nothing to do (see `has_work`) or when the
         scheduler cannot make progress (a bug: rejection keeps that from happening).
         """
+        return await self.execute_step(await self.schedule_step())
+
+    async def schedule_step(self) -> dict[EngineRequest, int]:
+        """The first half of `step`: schedule (allocating and preempting) and return the
+        step's requests and token counts, for `step_duration` and `execute_step`.
+
+        Data-parallel ranks in lockstep schedule each, then execute with the longest
+        duration: nothing may happen to the engine between the two halves.
+        """
         if not self.has_work:
             raise RuntimeError("step() of an idle engine")
         self._preempted = []
@@ -295,7 +311,21 @@ class MockEngine:
             raise RuntimeError(f"the scheduler made no progress: {self!r}")
         if self._preempted:  # the running count overestimates after a preemption
             self._num_active = (await self.kv.usage()).num_active
-        duration, finished = await self._execute(scheduled)
+        return scheduled
+
+    def step_duration(self, scheduled: dict[EngineRequest, int]) -> float:
+        """The timing model's duration of the step `schedule_step` returned."""
+        config = self.config
+        work = step_work(scheduled, self._num_active, config.num_gpu_blocks, config.block_size)
+        return config.timing.duration(work)
+
+    async def execute_step(
+        self, scheduled: dict[EngineRequest, int], duration_s: float | None = None
+    ) -> StepResult:
+        """The second half of `step`: run the step `schedule_step` returned for
+        ``duration_s`` (default: its own `step_duration`; a lockstep rank waits for the
+        slowest, so it passes that one's) and return what it did."""
+        duration, finished = await self._execute(scheduled, duration_s)
         return StepResult(
             clock=self.clock,
             duration_s=duration,
@@ -709,13 +739,16 @@ class MockEngine:
         self._preempted.append(request.request_id)
         self.waiting.appendleft(request)
 
-    async def _execute(self, scheduled: dict[EngineRequest, int]) -> tuple[float, list[str]]:
-        """Advance the clock by the step's cost, then apply its results."""
+    async def _execute(
+        self, scheduled: dict[EngineRequest, int], duration_s: float | None = None
+    ) -> tuple[float, list[str]]:
+        """Advance the clock by the step's cost (or ``duration_s``), then apply its
+        results."""
         kv = self.kv
         stats = self.stats
         bs = self.config.block_size
         work = step_work(scheduled, self._num_active, self.config.num_gpu_blocks, bs)
-        duration = self.config.timing.duration(work)
+        duration = self.config.timing.duration(work) if duration_s is None else duration_s
         self.clock += duration
         now = self.clock
         stats.steps += 1

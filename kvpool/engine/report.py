@@ -9,6 +9,7 @@ from itertools import accumulate
 import msgspec
 
 from kvpool.engine.engine import MockEngine
+from kvpool.engine.goodput import Goodput, Sla, goodput_of
 from kvpool.engine.kv_client import KvUsage
 from kvpool.engine.metrics import (
     EngineStats,
@@ -87,7 +88,8 @@ class WorkerReport(msgspec.Struct, frozen=True):
     ``output_tokens_per_s`` is the generated tokens over the run's simulated time.
     ``kv_event_batches`` counts the steps that changed what a router sees (one
     `KVEventBatch` each, sent to the event sink when there is one); ``leaked_blocks`` is
-    the pool's active count after the run: 0 unless a block leaked.
+    the pool's active count after the run: 0 unless a block leaked. ``goodput`` (with an
+    `Sla` only) counts the finished requests that met it (`kvpool.engine.goodput`).
     """
 
     worker: int | None
@@ -114,10 +116,16 @@ class WorkerReport(msgspec.Struct, frozen=True):
     kv_event_batches: int
     num_gpu_blocks: int
     leaked_blocks: int
+    goodput: Goodput | None = None
 
 
 class Report(msgspec.Struct, frozen=True):
-    """A whole run: what was simulated, how long it took, per worker and in total."""
+    """A whole run: what was simulated, how long it took, per worker and in total.
+
+    ``sla`` is the goodput targets, if any. With ``max_sim_time_s`` the clock stopped
+    there: ``requests_unfinished`` were in flight (waiting or running) and aborted,
+    ``requests_unstarted`` never sent (due later, or, closed loop, never given a slot).
+    """
 
     workload: str
     settings: dict[str, object]
@@ -126,6 +134,10 @@ class Report(msgspec.Struct, frozen=True):
     requests_per_wall_s: float
     workers: list[WorkerReport]
     total: WorkerReport
+    sla: Sla | None = None
+    max_sim_time_s: float | None = None
+    requests_unfinished: int = 0
+    requests_unstarted: int = 0
 
 
 def worker_report(
@@ -134,11 +146,12 @@ def worker_report(
     clock: float,
     final: Sequence[KvUsage],
     end: float | None = None,
+    sla: Sla | None = None,
 ) -> WorkerReport:
     """Combine the stats of one or more engines (samples pooled) into a `WorkerReport`.
 
     ``clock`` is the simulated time reported; ``end`` (default ``clock``) the end of the
-    run, up to which each engine's last usage sample holds.
+    run, up to which each engine's last usage sample holds; ``sla`` the goodput targets.
     """
     until = clock if end is None else end
     usage = array("d")
@@ -181,6 +194,9 @@ def worker_report(
         kv_event_batches=total("event_batches"),
         num_gpu_blocks=sum(u.capacity for u in final),
         leaked_blocks=sum(u.num_active for u in final),
+        goodput=None
+        if sla is None
+        else goodput_of((r for s in stats for r in s.requests), sla, until),
     )
 
 
@@ -191,14 +207,20 @@ def build_report(
     workload: str,
     settings: dict[str, object],
     wall_s: float,
+    sla: Sla | None = None,
+    max_sim_time_s: float | None = None,
+    unfinished: int = 0,
+    unstarted: int = 0,
 ) -> Report:
-    """The report of a finished run; ``final`` is each engine's `MockEngine.final_usage`."""
+    """The report of a finished run; ``final`` is each engine's `MockEngine.final_usage`;
+    ``unfinished`` and ``unstarted`` what a ``max_sim_time_s`` cut (`Simulation`)."""
     simulated = max(engine.clock for engine in engines)
     workers = [
-        worker_report(engine.rank, [engine.stats], engine.clock, [usage], simulated)
+        worker_report(engine.rank, [engine.stats], engine.clock, [usage], simulated, sla)
         for engine, usage in zip(engines, final, strict=True)
     ]
-    total = worker_report(None, [engine.stats for engine in engines], simulated, final)
+    stats = [engine.stats for engine in engines]
+    total = worker_report(None, stats, simulated, final, sla=sla)
     return Report(
         workload=workload,
         settings=settings,
@@ -207,6 +229,10 @@ def build_report(
         requests_per_wall_s=total.requests_submitted / wall_s if wall_s > 0 else 0.0,
         workers=workers,
         total=total,
+        sla=sla,
+        max_sim_time_s=max_sim_time_s,
+        requests_unfinished=unfinished,
+        requests_unstarted=unstarted,
     )
 
 
@@ -266,6 +292,7 @@ def format_report(report: Report) -> str:
         ("output tokens per second", [f"{w.output_tokens_per_s:.1f}" for w in columns]),
         ("KV event batches", [f"{w.kv_event_batches}" for w in columns]),
         ("leaked blocks", [f"{w.leaked_blocks}" for w in columns]),
+        *goodput_rows(report.sla, columns),
     ]
     label_width = max(len(label) for label, _ in rows)
     widths = [
@@ -283,4 +310,27 @@ def format_report(report: Report) -> str:
     for label, values in rows:
         cells = "  ".join(v.rjust(w) for v, w in zip(values, widths, strict=True))
         lines.append(f"{label.ljust(label_width)}  {cells}")
+    if report.max_sim_time_s is not None:
+        lines.append(
+            f"cut at {report.max_sim_time_s:g}s simulated (--max-sim-time-s): "
+            f"{report.requests_unfinished} requests unfinished (aborted in flight), "
+            f"{report.requests_unstarted} unstarted"
+        )
     return "\n".join(lines) + "\n"
+
+
+def goodput_rows(sla: Sla | None, columns: Sequence[WorkerReport]) -> list[tuple[str, list[str]]]:
+    """Text rows of the goodput figures (none without an SLA)."""
+    if sla is None:
+        return []
+    targets = ", ".join(
+        f"{name} <= {value:g} ms"
+        for name, value in (("TTFT", sla.ttft_ms), ("ITL", sla.itl_ms), ("E2E", sla.e2e_ms))
+        if value is not None
+    )
+    good = [w.goodput for w in columns if w.goodput is not None]
+    return [
+        (f"goodput requests ({targets})", [f"{g.goodput_completed_requests}" for g in good]),
+        ("goodput requests per second", [f"{g.goodput_request_throughput_rps:.3f}" for g in good]),
+        ("goodput output tokens per s", [f"{g.goodput_output_throughput_tok_s:.1f}" for g in good]),
+    ]

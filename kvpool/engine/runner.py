@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from kvpool.engine.config import EngineConfig
 from kvpool.engine.engine import MockEngine
+from kvpool.engine.goodput import Sla
 from kvpool.engine.kv_client import KvClient, LocalKvClient
 from kvpool.engine.report import Report, build_report
 from kvpool.engine.simulation import Dispatch, ProgressCallback, Simulation
@@ -16,6 +17,7 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink
 from kvpool.manager import open_manager
 from kvpool.workloads import RequestSpec
+from kvpool.workloads.session import Session
 
 KvFactory = Callable[[EngineConfig, int], AbstractAsyncContextManager[KvClient]]
 """Opens the KV client of one engine, given the config and the engine's rank."""
@@ -59,7 +61,7 @@ class SimulationRun:
 
 
 async def run_simulation(
-    requests: Iterable[RequestSpec],
+    requests: Iterable[RequestSpec | Session],
     config: EngineConfig,
     *,
     workers: int = 1,
@@ -72,13 +74,20 @@ async def run_simulation(
     workload: str = "workload",
     settings: dict[str, object] | None = None,
     wrap_kv: Callable[[KvClient], KvClient] | None = None,
+    concurrency: int | None = None,
+    arrival_speedup_ratio: float = 1.0,
+    max_sim_time_s: float | None = None,
+    lockstep: bool = False,
+    sla: Sla | None = None,
 ) -> SimulationRun:
     """Open ``workers`` KV clients, run the requests to completion, close the clients.
 
     Every engine's pool is checked (invariants, active blocks) before it is closed; the
     report carries the result. ``sinks[rank]`` receives that engine's event batches;
     ``wrap_kv`` (e.g. `TimedKvClient`) wraps each client; ``fast_forward`` is
-    `Simulation`'s. Event batches' ``ts`` is
+    `Simulation`'s, and so are ``concurrency``, ``arrival_speedup_ratio``,
+    ``max_sim_time_s`` and ``lockstep``; ``sla`` adds goodput to the report. Event
+    batches' ``ts`` is
     wall-clock time when paced (``speedup_ratio > 0``); at full speed it is the run's
     start time plus simulated seconds. Raises `InvalidArgumentError`
     for a bad argument and whatever a KV client raises.
@@ -106,8 +115,22 @@ async def run_simulation(
             speedup_ratio=speedup_ratio,
             fast_forward=fast_forward,
             on_progress=on_progress,
+            concurrency=concurrency,
+            arrival_speedup_ratio=arrival_speedup_ratio,
+            max_sim_time_s=max_sim_time_s,
+            lockstep=lockstep,
         )
         wall_s = await simulation.run()
         final = [await engine.final_usage() for engine in engines]
-    report = build_report(engines, final, workload=workload, settings=settings or {}, wall_s=wall_s)
+    report = build_report(
+        engines,
+        final,
+        workload=workload,
+        settings=settings or {},
+        wall_s=wall_s,
+        sla=sla,
+        max_sim_time_s=max_sim_time_s,
+        unfinished=simulation.unfinished,
+        unstarted=simulation.unstarted,
+    )
     return SimulationRun(engines, report)

@@ -29,15 +29,17 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sequence
 from itertools import pairwise
 from typing import Literal
 
 import anyio
 
+from kvpool.engine.arrivals import Arrivals
 from kvpool.engine.engine import MockEngine
 from kvpool.errors import InvalidArgumentError
 from kvpool.workloads import RequestSpec
+from kvpool.workloads.session import Session
 
 Dispatch = Literal["least-loaded", "round-robin"]
 ProgressCallback = Callable[[int, int, float], None]
@@ -48,20 +50,40 @@ the workload's count is 0 when ``requests`` has no length (a plain iterator)."""
 class Simulation:
     """Runs ``requests`` (ordered by arrival) through ``engines`` until all are done.
 
-    ``requests`` is any iterable, read once, in order; a sequence out of arrival order is
-    refused here, an iterator when the request out of order comes up (`run` raises
-    `InvalidArgumentError` then, with the earlier requests already simulated).
+    ``requests`` is any iterable of requests or `Session`\\ s, read once, in order; when
+    each is sent is `Arrivals`' business (open loop at its timestamp over
+    ``arrival_speedup_ratio``, or closed loop with ``concurrency`` in flight). A sequence
+    out of arrival order is refused here (open loop), an iterator when the request out
+    of order comes up (`run` raises `InvalidArgumentError` then, with the earlier
+    requests already simulated).
+
+    ``max_sim_time_s`` stops the simulated clock: nothing is sent at or after it, no
+    step starts at or after it (a step that started before it ends, as a forward pass
+    does), and the requests still waiting or running then are aborted, their blocks
+    freed; ``unfinished`` and ``unstarted`` count what was cut.
+
+    ``lockstep`` makes the engines data-parallel ranks of one model that step together
+    (vLLM's MoE data parallelism, Dynamo's ``dp_size``): whenever a rank has work,
+    every rank steps, each step lasts as long as the slowest rank's (`MockEngine`'s
+    `schedule_step`, then `execute_step` with the longest `step_duration`), and an idle
+    rank runs a dummy step of that length, so a request sent to it mid-step starts at
+    the step's end. The ranks share one clock; steps are taken one at a time (no
+    fast-forward). Without it (the default) each engine has a clock of its own.
     """
 
     def __init__(
         self,
         engines: Sequence[MockEngine],
-        requests: Iterable[RequestSpec],
+        requests: Iterable[RequestSpec | Session],
         *,
         dispatch: Dispatch = "least-loaded",
         speedup_ratio: float = 0.0,
         on_progress: ProgressCallback | None = None,
         fast_forward: bool = True,
+        concurrency: int | None = None,
+        arrival_speedup_ratio: float = 1.0,
+        max_sim_time_s: float | None = None,
+        lockstep: bool = False,
     ) -> None:
         if not engines:
             raise InvalidArgumentError("a simulation needs at least one engine")
@@ -69,32 +91,53 @@ class Simulation:
             raise InvalidArgumentError(f"unknown dispatch policy {dispatch!r}")
         if not speedup_ratio >= 0:
             raise InvalidArgumentError(f"speedup_ratio must be >= 0, got {speedup_ratio!r}")
-        if isinstance(requests, Sequence) and any(
-            b.arrival_s < a.arrival_s for a, b in pairwise(requests)
+        if max_sim_time_s is not None and not max_sim_time_s > 0:
+            raise InvalidArgumentError(f"max_sim_time_s must be > 0, got {max_sim_time_s!r}")
+        if (
+            concurrency is None
+            and isinstance(requests, Sequence)
+            and any(b.arrival_s < a.arrival_s for a, b in pairwise(requests))
         ):
             raise InvalidArgumentError("requests must be ordered by arrival time")
         self.engines = list(engines)
-        self.requests = requests
+        self.arrivals = Arrivals(
+            requests, concurrency=concurrency, arrival_speedup_ratio=arrival_speedup_ratio
+        )
         self.dispatch = dispatch
         self.speedup_ratio = speedup_ratio
         self.on_progress = on_progress
         self.fast_forward = fast_forward
+        self.max_sim_time_s = max_sim_time_s
+        self.lockstep = lockstep
         self.wall_s = 0.0
+        self.unfinished = 0
+        self.unstarted = 0
         self._next_rank = 0
 
     async def run(self) -> float:
-        """Dispatch and step until every request has finished or been rejected.
+        """Dispatch and step until every request has finished or been rejected (or the
+        clock reached ``max_sim_time_s``).
 
         Returns the wall-clock seconds it took (also kept in ``wall_s``). Cancellation
         stops it between two engine calls; the engines keep their partial state.
         """
+        if self.lockstep:
+            start = time.perf_counter()
+            await self._run_lockstep(start)
+            if self.max_sim_time_s is not None:
+                await self._cut()
+            self.wall_s = time.perf_counter() - start
+            return self.wall_s
         engines = self.engines
-        requests = self.requests
-        total = len(requests) if isinstance(requests, Sized) else 0
+        arrivals = self.arrivals
+        total = arrivals.total
         report = self.on_progress
         speedup = self.speedup_ratio
         fast_forward = self.fast_forward
+        cutoff = math.inf if self.max_sim_time_s is None else self.max_sim_time_s
         settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
+        # each engine's records already passed to `arrivals.settled`
+        seen = [len(engine.stats.requests) for engine in engines]
         # (clock, rank, index) of each busy engine, earliest first. A busy engine's clock
         # moves only when it steps (advance_to leaves it alone), and it is off the heap
         # while it steps, so every key on the heap is its engine's current clock.
@@ -104,55 +147,56 @@ class Simulation:
         for _, _, index in busy:
             queued[index] = True
         loads = _LoadHeap(engines) if self.dispatch == "least-loaded" else None
-        arrivals = iter(requests)
-        spec = next(arrivals, None)
-        last_arrival = 0.0 if spec is None else spec.arrival_s
         start = time.perf_counter()
         while True:
-            if spec is not None and (not busy or spec.arrival_s <= busy[0][0]):
-                if spec.arrival_s < last_arrival:
-                    raise InvalidArgumentError(
-                        f"requests must be ordered by arrival time: {spec.request_id} "
-                        f"arrives at {spec.arrival_s}s, after one at {last_arrival}s"
-                    )
-                last_arrival = spec.arrival_s
+            when = arrivals.peek()
+            if when is not None and when < cutoff and (not busy or when <= busy[0][0]):
+                spec, when = arrivals.pop()
                 if speedup > 0:
-                    await _sleep_until(start + spec.arrival_s / speedup)
+                    await _sleep_until(start + when / speedup)
                 index = self._round_robin() if loads is None else loads.lightest()
                 engine = engines[index]
-                engine.advance_to(spec.arrival_s)
-                if not await engine.submit(spec, spec.arrival_s):
+                engine.advance_to(when)
+                if not await engine.submit(spec, when):
                     settled += 1
+                    seen[index] += 1  # its rejection record
+                    arrivals.settled(spec.request_id, when)
                     if report is not None:
-                        report(settled, total, spec.arrival_s)
-                    spec = next(arrivals, None)
+                        report(settled, total, when)
                     continue
                 if loads is not None:
                     loads.changed(index)
                 if not queued[index]:
                     heapq.heappush(busy, (engine.clock, engine.rank, index))
                     queued[index] = True
-                spec = next(arrivals, None)
                 continue
-            if not busy:
+            if not busy or busy[0][0] >= cutoff:
                 break
             _, _, index = heapq.heappop(busy)
             engine = engines[index]
             completed = engine.stats.completed
             # A step is taken only if it starts before the next arrival (ties: the
             # arrival first), so a jump may cover only such steps. (A jump's last step
-            # may admit a request, which may finish in it.)
+            # may admit a request, which may finish in it.) While a request that
+            # settles may release another (closed loop, a session's next turn), no
+            # jump may pass another busy engine's clock either: its next step may end
+            # with such a release.
+            until = cutoff if when is None else min(when, cutoff)
+            if busy and arrivals.reactive:
+                until = min(until, busy[0][0])
             if not (
-                fast_forward
-                and await engine.fast_forward(
-                    math.inf if spec is None else spec.arrival_s, cross_boundaries=not speedup
-                )
+                fast_forward and await engine.fast_forward(until, cross_boundaries=not speedup)
             ):
                 await engine.step()
             if engine.stats.completed != completed:
                 settled += engine.stats.completed - completed
                 if loads is not None:
                     loads.changed(index)
+                records = engine.stats.requests
+                for record in records[seen[index] :]:
+                    finished = engine.clock if record.finish_s is None else record.finish_s
+                    arrivals.settled(record.request_id, finished)
+                seen[index] = len(records)
             if engine.has_work:
                 heapq.heappush(busy, (engine.clock, engine.rank, index))
             else:
@@ -161,8 +205,80 @@ class Simulation:
                 await _sleep_until(start + engine.clock / speedup)
             if report is not None:
                 report(settled, total, engine.clock)
+        if self.max_sim_time_s is not None:
+            await self._cut()
         self.wall_s = time.perf_counter() - start
         return self.wall_s
+
+    async def _run_lockstep(self, start: float) -> None:
+        """`run` with the engines in lockstep (see the class docstring)."""
+        engines = self.engines
+        arrivals = self.arrivals
+        total = arrivals.total
+        report = self.on_progress
+        speedup = self.speedup_ratio
+        cutoff = math.inf if self.max_sim_time_s is None else self.max_sim_time_s
+        settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
+        seen = [len(engine.stats.requests) for engine in engines]
+        loads = _LoadHeap(engines) if self.dispatch == "least-loaded" else None
+        clock = max(engine.clock for engine in engines)
+        for engine in engines:
+            engine.advance_to(clock)
+        while True:
+            when = arrivals.peek()
+            active = [engine for engine in engines if engine.has_work]
+            if when is not None and when < cutoff and (not active or when <= clock):
+                spec, when = arrivals.pop()
+                if when > clock:  # every rank idle: the clock jumps to the arrival
+                    clock = when
+                    for engine in engines:
+                        engine.advance_to(clock)
+                if speedup > 0:
+                    await _sleep_until(start + when / speedup)
+                index = self._round_robin() if loads is None else loads.lightest()
+                if not await engines[index].submit(spec, when):
+                    settled += 1
+                    seen[index] += 1  # its rejection record
+                    arrivals.settled(spec.request_id, when)
+                    if report is not None:
+                        report(settled, total, when)
+                elif loads is not None:
+                    loads.changed(index)
+                continue
+            if not active or clock >= cutoff:
+                break
+            plans = [await engine.schedule_step() for engine in active]
+            duration = max(
+                engine.step_duration(plan) for engine, plan in zip(active, plans, strict=True)
+            )
+            for engine, plan in zip(active, plans, strict=True):
+                await engine.execute_step(plan, duration)
+            clock = active[0].clock  # the same float on every rank: clock + duration
+            for index, engine in enumerate(engines):
+                engine.advance_to(clock)  # an idle rank ran a dummy step
+                records = engine.stats.requests
+                if len(records) == seen[index]:
+                    continue
+                for record in records[seen[index] :]:
+                    finished = clock if record.finish_s is None else record.finish_s
+                    arrivals.settled(record.request_id, finished)
+                    settled += 1
+                seen[index] = len(records)
+                if loads is not None:
+                    loads.changed(index)
+            if speedup > 0:
+                await _sleep_until(start + clock / speedup)
+            if report is not None:
+                report(settled, total, clock)
+
+    async def _cut(self) -> None:
+        """The clock reached ``max_sim_time_s``: abort what is in flight, count what
+        was never sent."""
+        for engine in self.engines:
+            for request in [*engine.running, *engine.waiting]:
+                await engine.abort(request.request_id)
+                self.unfinished += 1
+        self.unstarted = self.arrivals.unsent()
 
     def _round_robin(self) -> int:
         index = self._next_rank

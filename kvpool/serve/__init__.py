@@ -1,9 +1,12 @@
 """``kvpool serve``: a drop-in vLLM stand-in over the mock engine (``kvpool[serve]``).
 
-Small modules, one job each: `tokenizer` (text <-> ids), `protocol` (OpenAI bodies and
-errors), `driver` (the task owning one rank's engine), `metrics` (vLLM's Prometheus
-names), `state` (a server's ranks and their life cycle), `app` (the Starlette routes),
-`server` (uvicorn on uvloop, signals, exit status), `command` (the CLI's handler).
+Small modules, one job each: `tokenizer` (text <-> ids), `detokenizer` (an output's
+text as its tokens arrive, vLLM's stop rules), `protocol` (request bodies and errors as
+vLLM 0.33 takes them), `choices` (one choice's text, stops and logprobs), `logprobs`
+(deterministic logprobs), `failures` (failure injection), `driver` (the task owning one
+rank's engine), `metrics` (vLLM's Prometheus names), `state` (a server's ranks and
+their life cycle), `app` (the Starlette routes), `server` (uvicorn on uvloop, signals,
+exit status), `command` (the CLI's handler).
 
 Importing this package imports Starlette, uvicorn and prometheus_client.
 """

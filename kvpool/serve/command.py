@@ -17,6 +17,7 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """
     from kvpool.cli import check_event_flags, engine_config, open_publishers
     from kvpool.events.zmq_publisher import llmd_topic
+    from kvpool.serve.failures import FAILURE_TYPES, FailureInjector
     from kvpool.serve.server import routable_host, serve
     from kvpool.serve.state import ServeState
     from kvpool.serve.tokenizer import BuiltinTokenizer, HfTokenizer, Tokenizer
@@ -52,6 +53,11 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             speedup_ratio=args.speedup_ratio,
             tokenizer=tokenizer,
             sinks=sinks,
+            failures=FailureInjector(
+                args.failure_rate,
+                args.failure_types or FAILURE_TYPES,
+                fail_first=args.fail_first,
+            ),
         )
         if sinks:
             where = ", ".join(f"{s.endpoint} (rank {s.data_parallel_rank})" for s in sinks)

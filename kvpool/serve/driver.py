@@ -74,7 +74,7 @@ class Abort:
 class _Live:
     """A request the driver is producing for."""
 
-    __slots__ = ("cached", "last_token", "reply", "request", "sent")
+    __slots__ = ("cached", "first_token", "last_token", "reply", "request", "scheduled", "sent")
 
     def __init__(self, request: EngineRequest, reply: Outbox[Output]) -> None:
         self.request = request
@@ -82,6 +82,8 @@ class _Live:
         self.sent = 0  # output tokens already sent
         self.cached: int | None = None  # prompt tokens reused at first admission
         self.last_token: float | None = None  # simulated time of the last token
+        self.first_token = 0.0  # simulated times of the first token, first admission
+        self.scheduled = 0.0
 
 
 class EngineDriver:
@@ -114,6 +116,7 @@ class EngineDriver:
         self._start = 0.0
         self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
         self._slots: SlotKind | None = None  # the loop's wake-up path, for the outboxes
+        self._stopped: set[str] = set()  # requests their clients stopped (`stop`)
 
     # ------------------------------------------------------------ handler side
 
@@ -137,6 +140,14 @@ class EngineDriver:
         # shutting down: the closed reply stream makes the task abort it instead
         with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._send.send_nowait(Abort(request_id))
+
+    def stop(self, request_id: str) -> None:
+        """Like `abort`, for a request its client ended on a stop string or token: if
+        the engine has not finished it by then, it counts as finished with
+        ``finished_reason="stop"``, as vLLM counts a stop. (Marked here, at once, since
+        the request may be dropped at its next output, before its `Abort` is read.)"""
+        self._stopped.add(request_id)
+        self.abort(request_id)
 
     def close(self) -> None:
         """Accept no more requests; the task finishes the ones it has, then ends."""
@@ -213,8 +224,20 @@ class EngineDriver:
 
     async def _abort(self, engine: MockEngine, request_id: str) -> None:
         live = self._live.pop(request_id, None)
+        stopped = request_id in self._stopped
+        self._stopped.discard(request_id)
         if live is None:
             return  # finished (or aborted) already
+        if stopped and self._metrics is not None and live.last_token is not None:
+            self._metrics.finished(
+                arrival=live.request.arrival_s,
+                scheduled=live.scheduled,
+                first_token=live.first_token,
+                last_token=live.last_token,
+                prompt_tokens=live.request.spec.input_length,
+                generation_tokens=live.sent,
+                reason="stop",
+            )
         live.reply.end()
         await engine.abort(request_id)
         self.outstanding -= 1
@@ -238,6 +261,7 @@ class EngineDriver:
         clock = result.clock
         step_start = clock - result.duration_s
         gone: list[str] = []
+        iteration = 0  # vLLM's iteration tokens: prompt tokens computed plus generated
         for request_id, num_new in result.scheduled.items():
             live = self._live.get(request_id)
             if live is None:
@@ -245,23 +269,37 @@ class EngineDriver:
             request = live.request
             if live.cached is None:  # first admission: what it reused of its prompt
                 live.cached = request.num_computed - num_new
+                live.scheduled = step_start
                 if metrics is not None:
                     metrics.queue.observe(step_start - request.arrival_s)
                     metrics.prompt_tokens.inc(request.spec.input_length)
-            if request.num_output == live.sent:
+            num_output = request.num_output
+            generated = num_output - live.sent
+            iteration += num_new  # a decode's one token; else its prompt and first token
+            if not generated:
                 continue  # a prefill chunk, or a recomputation after preemption
+            if live.last_token is None or num_new != generated:
+                iteration += generated
             output = request.spec.output
-            tokens = [output.token(i) for i in range(live.sent, request.num_output)]
-            live.sent = request.num_output
+            tokens = [output.token(i) for i in range(live.sent, num_output)]
+            live.sent = num_output
             finished = request.finish_s is not None
+            if live.last_token is None:
+                live.first_token = clock
             if metrics is not None:
                 if live.last_token is None:
                     metrics.ttft.observe(clock - request.arrival_s)
                 else:
                     metrics.itl.observe(clock - live.last_token)
                 if finished:
-                    metrics.e2e.observe(clock - request.arrival_s)
-                    metrics.success.inc()
+                    metrics.finished(
+                        arrival=request.arrival_s,
+                        scheduled=live.scheduled,
+                        first_token=live.first_token,
+                        last_token=clock,
+                        prompt_tokens=request.spec.input_length,
+                        generation_tokens=live.sent,
+                    )
             live.last_token = clock
             if not live.reply.put(Output(tokens, live.cached, finished)):
                 gone.append(request_id)  # the client stopped listening
@@ -270,6 +308,8 @@ class EngineDriver:
                 live.reply.end()
                 del self._live[request_id]
                 self.outstanding -= 1
+        if metrics is not None and iteration:
+            metrics.iteration_tokens.observe(iteration)
         for request_id in gone:
             await self._abort(engine, request_id)
 

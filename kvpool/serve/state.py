@@ -12,6 +12,7 @@ import anyio
 from kvpool.engine import EngineConfig
 from kvpool.events import EventSink
 from kvpool.serve.driver import EngineDriver
+from kvpool.serve.failures import FailureInjector
 from kvpool.serve.metrics import ServeMetrics
 from kvpool.serve.tokenizer import BuiltinTokenizer, Tokenizer
 
@@ -34,6 +35,7 @@ class ServeState:
         speedup_ratio: float = 1.0,
         tokenizer: Tokenizer | None = None,
         sinks: Sequence[EventSink | None] | None = None,
+        failures: FailureInjector | None = None,
     ) -> None:
         if data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
@@ -43,6 +45,7 @@ class ServeState:
         self.model_name = model_name
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else BuiltinTokenizer()
         self.metrics = ServeMetrics(model_name, config, data_parallel_size)
+        self.failures = failures  # injected failures (router tests), None: none
         self.created = int(time.time())
         self.drivers = [
             EngineDriver(

@@ -1,5 +1,6 @@
 """Text to token ids and back: a built-in deterministic tokenizer, or a local Hugging Face
-``tokenizer.json`` through the optional ``tokenizers`` library.
+tokenizer (a model directory holding ``tokenizer.json``, or the file itself) through the
+optional ``tokenizers`` library.
 
 The built-in one downloads nothing and needs no file: a word or punctuation mark is one
 token whose id is a stable hash of it (xxh32, modulo `BUILTIN_VOCAB_SIZE`), so equal
@@ -7,10 +8,17 @@ texts give equal ids, and a shared text prefix gives a shared token prefix (what
 prefix cache needs). Decoding maps an id to a word of a fixed list: the mock engine's
 generated ids become readable, deterministic text. It is not invertible (encoding
 decoded text need not give the same ids back), which a mock server does not need.
+
+The engine's output ids are arbitrary 32-bit numbers; `Tokenizer.output_id` maps them
+into the vocabulary once, and every later use (text, ``stop_token_ids``, logprobs) sees
+that id. Streamed text is decoded incrementally by `kvpool.serve.detokenizer`, never
+token by token: a SentencePiece piece's leading space, or a UTF-8 character split over
+byte-level tokens, only exists in the context of its neighbours.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from typing import Protocol
@@ -32,24 +40,43 @@ _WORDS = (  # noqa: SIM905 - a sentence reads better than 67 quoted words
 class Tokenizer(Protocol):
     """What the server needs of a tokenizer."""
 
-    def encode(self, text: str) -> list[int]:
-        """The token ids of ``text`` (no special tokens added)."""
+    vocab_size: int
+    """Output ids are below this."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The token ids of ``text`` (special tokens such as BOS only if asked)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of a run of ids in the vocabulary, decoded together."""
         ...
 
     def decode_token(self, token_id: int) -> str:
-        """The text one generated token adds to the output (leading space included)."""
+        """One id's text on its own (what logprobs show as a token)."""
         ...
+
+
+def output_id(tokenizer: Tokenizer, engine_token: int) -> int:
+    """The vocabulary id an engine output token stands for (``token mod vocab_size``)."""
+    return engine_token % tokenizer.vocab_size
 
 
 class BuiltinTokenizer:
     """The default: deterministic, dependency-free, offline (see the module doc)."""
 
-    def encode(self, text: str) -> list[int]:
-        """One id per word or punctuation mark: ``xxh32(piece) % BUILTIN_VOCAB_SIZE``."""
+    vocab_size = BUILTIN_VOCAB_SIZE
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """One id per word or punctuation mark: ``xxh32(piece) % BUILTIN_VOCAB_SIZE``
+        (there are no special tokens to add)."""
         return [
             xxhash.xxh32_intdigest(piece.encode()) % BUILTIN_VOCAB_SIZE
             for piece in _PIECE.findall(text)
         ]
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The words of the ids, each with its leading space."""
+        return "".join(self.decode_token(t) for t in token_ids)
 
     def decode_token(self, token_id: int) -> str:
         """``" " + word``, the word picked by the id from a fixed list."""
@@ -57,39 +84,60 @@ class BuiltinTokenizer:
 
 
 class HfTokenizer:
-    """A local Hugging Face ``tokenizer.json`` (``pip install 'kvpool[serve]'``)."""
+    """A local Hugging Face tokenizer (``pip install 'kvpool[serve]'``): a directory
+    holding ``tokenizer.json`` (what ``vllm serve --tokenizer`` is given) or the file."""
 
     def __init__(self, path: str) -> None:
-        """Load ``path``; raises ``ImportError`` without ``tokenizers`` and ``ValueError``
-        (``OSError`` for a missing file) if it cannot be loaded. Nothing is downloaded."""
+        """Load ``path``; raises ``ImportError`` without ``tokenizers``, ``OSError`` for a
+        missing path or a directory without ``tokenizer.json`` (a slow-only tokenizer),
+        and ``ValueError`` for a file that does not load. Nothing is downloaded."""
         try:
             from tokenizers import Tokenizer as _HfTokenizer
         except ImportError as exc:  # pragma: no cover - the serve extra installs it
             raise ImportError(
                 "--tokenizer needs the tokenizers library: pip install 'kvpool[serve]'"
             ) from exc
+        file = path
+        if os.path.isdir(path):
+            file = os.path.join(path, "tokenizer.json")
+            if not os.path.isfile(file):
+                raise FileNotFoundError(
+                    f"{path!r} is a directory without tokenizer.json (only fast, "
+                    "tokenizers-format tokenizers can be loaded)"
+                )
         try:
-            self._tokenizer = _HfTokenizer.from_file(path)
+            self._tokenizer = _HfTokenizer.from_file(file)
         except Exception as exc:  # tokenizers raises its own Exception subclass
             if isinstance(exc, OSError):
                 raise
             raise ValueError(f"cannot load tokenizer {path!r}: {exc}") from exc
-        self._vocab_size = max(1, self._tokenizer.get_vocab_size())
+        self.vocab_size = max(1, self._tokenizer.get_vocab_size())
 
-    def encode(self, text: str) -> list[int]:
-        """The tokenizer's ids for ``text``, without special tokens."""
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The tokenizer's ids for ``text`` (its post-processor's BOS/EOS only if asked)."""
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
-    def decode_token(self, token_id: int) -> str:
-        """The tokenizer's text for ``token_id`` modulo its vocabulary size."""
-        text: str = self._tokenizer.decode([token_id % self._vocab_size])
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The tokenizer's decoder over the ids together."""
+        text: str = self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
         return text
+
+    def decode_token(self, token_id: int) -> str:
+        """The tokenizer's text for ``token_id`` modulo its vocabulary size, alone."""
+        return self.decode([token_id % self.vocab_size], skip_special_tokens=False)
 
 
 def decode(tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
-    """The text of several generated tokens, in order."""
-    return "".join(tokenizer.decode_token(t) for t in token_ids)
+    """The text of several vocabulary ids, decoded together."""
+    return tokenizer.decode(token_ids)
 
 
-__all__ = ["BUILTIN_VOCAB_SIZE", "BuiltinTokenizer", "HfTokenizer", "Tokenizer", "decode"]
+__all__ = [
+    "BUILTIN_VOCAB_SIZE",
+    "BuiltinTokenizer",
+    "HfTokenizer",
+    "Tokenizer",
+    "decode",
+    "output_id",
+]

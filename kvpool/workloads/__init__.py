@@ -10,8 +10,9 @@ from kvpool.workloads.mooncake import (
     parse_mooncake_lines,
     read_mooncake_trace,
 )
+from kvpool.workloads.session import Session
 from kvpool.workloads.spec import RequestSpec, Segment, mix_seed
-from kvpool.workloads.synthetic import SyntheticWorkload, default_workload
+from kvpool.workloads.synthetic import SyntheticSessions, SyntheticWorkload, default_workload
 
 __all__ = [
     "MAX_TIMESTAMP_MS",
@@ -21,6 +22,8 @@ __all__ = [
     "MooncakeTrace",
     "RequestSpec",
     "Segment",
+    "Session",
+    "SyntheticSessions",
     "SyntheticWorkload",
     "default_workload",
     "iter_mooncake_lines",
