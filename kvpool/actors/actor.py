@@ -287,7 +287,7 @@ class Actor:
         slot: ReplySlot | None = None
         try:
             while True:
-                slot = None
+                # ``slot`` is the current call's, or an answered one's (`_crash` skips it).
                 try:
                     message, handler, slot = receive_nowait()
                 except anyio.WouldBlock:
