@@ -180,6 +180,7 @@ def check(trial: Trial) -> str:
         return "entering open_pool"  # before it yielded the client: no actor to see
     assert trial.status in (Status.CLOSED, Status.CRASHED), trial.status
     (state,) = trial.states
+    assert state.count_waiters() == 0, "a waiter was left unanswered"
     state.pool.check_invariants()
     return f"open_pool raised {type(raised).__name__}"
 

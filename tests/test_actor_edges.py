@@ -446,3 +446,30 @@ async def test_an_unread_reply_is_undone_with_the_lru_order_kept(call: str) -> N
         assert (stats.num_active, stats.num_active_refs) == (0, 0)
         assert _evicted_order(state.pool) == [3, 2, 1, 10, 11]
         await pool.check_invariants()
+
+
+@pytest.mark.usefixtures("asyncio_only")
+async def test_an_unread_manager_allocation_is_undone_with_the_lru_order_kept() -> None:
+    manager = KvManager(BlockPool(8), BS)
+    tasks: dict[str, asyncio.Task[Any]] = {}
+    async with open_actor(_with_cancel(ManagerHandlers(manager).table(), tasks)) as actor:
+        kv = ManagerClient(actor, 8, BS)
+        hashes: dict[str, list[int]] = {}
+        for rid, prompt in [("x", list(range(12))), ("y", list(range(50, 54)))]:
+            await kv.add_request(rid, prompt)
+            assert await kv.allocate(rid, len(prompt), cache=True) is not None
+            hashes[rid] = manager.block_hashes(rid)
+            await kv.free(rid)  # idle, leaf first
+        idle = [*hashes["x"][::-1], *hashes["y"]]  # oldest first
+        await kv.add_request("z", [*range(8), 99, 98, 97, 96])  # x's first two blocks
+        tasks["a"] = asyncio.ensure_future(kv.allocate("z", 12))
+        cancel = asyncio.ensure_future(actor.call(Cancel("a")))  # the same batch
+        with anyio.fail_after(HANG_GUARD), pytest.raises(asyncio.CancelledError):
+            await tasks["a"]
+        await cancel
+        usage = await kv.usage()  # the undo ran before this
+        assert usage.num_active == 0
+        assert manager.num_blocks("z") == 0
+        assert _evicted_order(manager.pool) == idle
+        await kv.free("z")
+        await kv.check_invariants()
