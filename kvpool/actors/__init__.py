@@ -39,12 +39,13 @@ reply; the actor drains the mailbox in batches (`kvpool.actors.actor`). Example:
   the reservation stays open, the lease keeps its blocks, and their exits still give
   them back.
 - A reply nobody will read is given back in a later turn of the actor. Event-carrying
-  replies (the manager's take_events,
-  finish_step, allocate_steps) are one ordered stream: the actor serves such a call
-  only once every earlier one's caller read its reply or had it undone, and an unread
-  reply's events go back ahead of newer ones, so the stream reaches its drainers in
-  the order the actor produced it, however many tasks drain it. The rule for a reply
-  never read: its events are delivered to the next drain; none is lost or repeated.
+  replies (the manager's take_events, finish_step, allocate_steps; an extension marks
+  its own with ``Handler(ordered=True)``) are one ordered stream: the actor serves such
+  a call only once every earlier one's caller read its reply or had it undone, and an
+  unread reply's events go back ahead of newer ones, so the stream reaches its drainers
+  in the order the actor produced it, however many tasks drain it. The rule for a
+  reply never read: its events are delivered to the next drain; none is lost or
+  repeated.
 - cache_private / cache_many are skipped if their caller left before the actor reached
   them; otherwise they took effect.
 - admit(wait=False) is an immediate try: it never queues, so it may succeed while a
@@ -67,7 +68,9 @@ reply; the actor drains the mailbox in batches (`kvpool.actors.actor`). Example:
   actor settles (closed), every waiter is answered, and ``open_pool`` raises what its
   body raised (the KeyboardInterrupt, or the cancellation it caused), never a group.
   A KeyboardInterrupt raised by a handler itself crashes the actor and ``open_pool``
-  re-raises it as it is. On asyncio, Ctrl-C cancels the main task (asyncio.Runner):
+  re-raises it as it is. Code of the caller's own (after a call returned, around an
+  ``async with``) is not protected: what an interrupt there leaves held is what the
+  caller was handed. On asyncio, Ctrl-C cancels the main task (asyncio.Runner):
   the cancellation rules above apply.
 - A client used off its actor's loop (another thread or loop) raises `WrongLoopError`;
   reach the loop with ``anyio.from_thread``.
