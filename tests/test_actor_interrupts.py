@@ -63,10 +63,9 @@ def _interrupt_after_posting(nth: int) -> Callable[[], None]:
     """Raise SIGINT at the ``nth`` line a call runs right after posting its message
     (between the post and the park: where a caller's Ctrl-C once left its slot live)."""
     seen = [0]
+    last_lines: dict[int, str] = {}  # frame id -> the source of its last line run
 
-    last_lines: dict[int, str] = {}
-
-    def local_by_id(frame: Any, event: str, arg: Any) -> Any:
+    def local(frame: Any, event: str, arg: Any) -> Any:
         if event == "line":
             previous = last_lines.get(id(frame))
             if previous is not None and "self._post((message, handler, slot))" in previous:
@@ -75,12 +74,12 @@ def _interrupt_after_posting(nth: int) -> Callable[[], None]:
                     sys.settrace(None)
                     signal.raise_signal(signal.SIGINT)
             last_lines[id(frame)] = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-        return local_by_id
+        return local
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         if frame.f_code.co_name == "call" and frame.f_code.co_filename.startswith(ACTOR_DIR):
             last_lines.pop(id(frame), None)
-            return local_by_id
+            return local
         return None
 
     def start() -> None:
