@@ -5,8 +5,11 @@
 300 requests over about 40 s: new conversations open on one of a few shared system
 prompts (1 to 4 blocks of 512 tokens), and conversations continue by extending their
 whole earlier context with new blocks, as the hash ids of the published Mooncake traces
-do (equal ids = equal blocks with equal prefixes). The last block of a prompt is partial.
-A test regenerates the trace and compares it with the shipped file byte for byte.
+do (equal ids = equal blocks with equal prefixes). The last block of a prompt is
+usually partial, and a partial block gets an id of its own, used nowhere else: a
+Mooncake id stands for one block of fixed content (aiperf's loader insists), so the
+block a conversation later extends to 512 tokens is a new id there. A test regenerates
+the trace and compares it with the shipped file byte for byte.
 """
 
 from __future__ import annotations
@@ -33,25 +36,29 @@ def sample_trace_lines(seed: int = 2026) -> list[str]:
         return ids
 
     system_prompts = [fresh_ids(rng.randint(1, 4)) for _ in range(5)]
-    conversations: list[list[int]] = []
+    # each conversation: the ids of the full blocks of its context so far, and how many
+    # blocks (the last maybe partial) its latest request had
+    conversations: list[tuple[list[int], list[int]]] = []
     lines = []
     timestamp = 0.0
     for _ in range(NUM_REQUESTS):
         timestamp += rng.expovariate(1.0 / MEAN_GAP_MS)
-        open_ones = [c for c in conversations if len(c) < MAX_CONTEXT_BLOCKS]
+        open_ones = [c for c in conversations if c[1][0] < MAX_CONTEXT_BLOCKS]
         if open_ones and rng.random() < 0.55:
-            context = rng.choice(open_ones)
-            context.extend(fresh_ids(rng.randint(1, 2)))
+            full, blocks = rng.choice(open_ones)
+            blocks[0] += rng.randint(1, 2)
         else:
-            context = rng.choices(system_prompts, weights=[5, 3, 2, 1, 1])[0]
-            context = context + fresh_ids(rng.randint(1, 3))
-            conversations.append(context)
-        input_length = (len(context) - 1) * TRACE_BLOCK_SIZE + rng.randint(1, TRACE_BLOCK_SIZE)
+            system = rng.choices(system_prompts, weights=[5, 3, 2, 1, 1])[0]
+            full, blocks = list(system), [len(system) + rng.randint(1, 3)]
+            conversations.append((full, blocks))
+        tail = rng.randint(1, TRACE_BLOCK_SIZE)  # tokens in the last block
+        num_full = blocks[0] - (tail < TRACE_BLOCK_SIZE)
+        full.extend(fresh_ids(num_full - len(full)))
         record = {
             "timestamp": int(timestamp),
-            "input_length": input_length,
+            "input_length": (blocks[0] - 1) * TRACE_BLOCK_SIZE + tail,
             "output_length": rng.randint(8, 400),
-            "hash_ids": list(context),
+            "hash_ids": full[:num_full] + (fresh_ids(1) if tail < TRACE_BLOCK_SIZE else []),
         }
         lines.append(json.dumps(record))
     return lines

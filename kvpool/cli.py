@@ -6,8 +6,10 @@ trace, an output file that cannot be written, a missing optional dependency, a s
 that cannot be bound) or a run that leaked KV blocks, 130 when interrupted (Ctrl-C,
 SIGINT) and 143 when terminated (SIGTERM), at any point. Input and output paths are
 checked before anything runs. ``kvpool serve`` is the exception once it is listening:
-there SIGTERM or SIGINT stops it accepting, lets the requests in flight finish and
-exits 0 (uvicorn handles both signals while it serves).
+there SIGTERM or SIGINT stops it accepting, lets the requests in flight run for
+``--shutdown-timeout`` seconds, aborts the rest and exits 0 (see `kvpool.serve.server`).
+Ctrl-C works however the process was started (a SIGINT ignored by inheritance is
+restored).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -42,7 +45,13 @@ from kvpool.cli_workload import (
 from kvpool.engine import EngineConfig, Report, TimingModel, format_report, report_json
 from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
-from kvpool.engine.timing import DynamoTiming, ProfileTiming, StepTiming
+from kvpool.engine.timing import (
+    Dynamo16ProfileTiming,
+    Dynamo16Timing,
+    DynamoTiming,
+    ProfileTiming,
+    StepTiming,
+)
 from kvpool.errors import PoolError, TraceError
 from kvpool.events.codec import EVENT_FORMATS
 from kvpool.workloads import (
@@ -51,6 +60,7 @@ from kvpool.workloads import (
     RequestSpec,
     Session,
     SyntheticWorkload,
+    TraceWarning,
 )
 
 if TYPE_CHECKING:
@@ -195,6 +205,22 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="victim when blocks run out: newest running request (lifo, vLLM) or oldest "
         "(fifo) (default: %(default)s)",
     )
+    # admission as vLLM 0.33's SchedulerConfig: the whole sequence must fit, and a watermark
+    engine.add_argument(
+        "--scheduler-reserve-full-isl",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULTS.scheduler_reserve_full_isl,
+        help="admit a waiting request only if the blocks of its whole prompt fit, not "
+        "only its first chunk's (vLLM's; default: on)",
+    )
+    engine.add_argument(
+        "--watermark",
+        type=_number_at_most(1.0),
+        default=_DEFAULTS.watermark,
+        metavar="FRACTION",
+        help="fraction of the pool's blocks an admission must leave free while any "
+        "request runs, in [0, 1) (vLLM's; default: %(default)s)",
+    )
     engine.add_argument(
         "--step-overhead-ms",
         type=_number_at_most(_MAX_TIMING),
@@ -218,10 +244,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument(
         "--timing-model",
-        choices=("linear", "dynamo", "aic"),
+        choices=("linear", "dynamo", "dynamo-1.6", "aic"),
         default="linear",
         help="step time: linear (the three flags above), dynamo (Dynamo mocker 1.4.0's "
-        "default polynomial in the step's prompt tokens and KV usage) or aic (a real "
+        "default polynomial in the step's prompt tokens and KV usage; dynamo-1.6: as "
+        "ai-dynamo-runtime 1.6.1 charges it) or aic (a real "
         "model's latencies on a real GPU, predicted by NVIDIA aiconfigurator's performance "
         "database, as Dynamo's mocker composes them; the --aic-* flags; needs pip install "
         "'kvpool[aic]') (default: %(default)s)",
@@ -229,8 +256,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--planner-profile-data",
         metavar="FILE.npz",
-        help="with --timing-model dynamo: interpolate step times from a Dynamo planner "
-        "profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
+        help="with --timing-model dynamo or dynamo-1.6: interpolate step times from a "
+        "Dynamo planner profile (prefill_isl, prefill_ttft_ms, decode_active_kv_tokens, "
         "decode_context_length, decode_itl) instead of the polynomial (needs numpy)",
     )
     add_aic_flags(engine, _int_at_least(1))
@@ -422,8 +449,8 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="A drop-in vLLM stand-in: the OpenAI-compatible HTTP API, /metrics "
         "with vLLM's names and vLLM's KV events over ZMQ, answered by the mock engine "
         "over the exact KV-cache model (needs the serve extra: pip install "
-        "'kvpool[serve]'). SIGTERM or SIGINT: stop accepting, finish the requests in "
-        "flight, exit 0.",
+        "'kvpool[serve]'). SIGTERM or SIGINT: stop accepting, let the requests in "
+        "flight run for --shutdown-timeout seconds, abort the rest, exit 0.",
     )
     http = serve.add_argument_group("server")
     http.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
@@ -442,6 +469,23 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a local Hugging Face tokenizer: a model directory holding tokenizer.json, "
         "or the file (default: a built-in deterministic word tokenizer; nothing is ever "
         "downloaded)",
+    )
+    http.add_argument(
+        "--max-request-body-bytes",
+        type=_int_at_least(1),
+        metavar="BYTES",
+        help="largest request body kept; a larger one gets 413, its rest dropped, as a "
+        "reverse proxy would refuse it (default: 64 bytes a token of the largest "
+        "request, blocks x block size, and at least 1 MiB)",
+    )
+    http.add_argument(
+        "--shutdown-timeout",
+        type=_int_at_least(0),
+        default=0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long the requests in flight may still run before "
+        "they are aborted; a second signal aborts them at once (default: %(default)s, "
+        "vLLM's: abort at once)",
     )
     http.add_argument(
         "--log-level",
@@ -558,6 +602,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     termination = _Termination()
     previous = signal.signal(signal.SIGTERM, termination)
+    # Ctrl-C interrupts however the process was started: a shell's background job (and
+    # whatever it starts) inherits SIGINT ignored, and Python then installs no handler
+    previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return handler(args, parser)
     except KeyboardInterrupt:
@@ -575,6 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_interrupt)
 
 
 def _interrupted(command: str, termination: _Termination) -> int:
@@ -600,9 +648,11 @@ def _timing(args: argparse.Namespace) -> StepTiming:
         )
     if args.timing_model == "aic":
         return aic_timing_from_flags(args)
+    release_16 = args.timing_model == "dynamo-1.6"
     if args.planner_profile_data is None:
-        return DynamoTiming()
-    return ProfileTiming.from_npz(args.planner_profile_data)
+        return Dynamo16Timing() if release_16 else DynamoTiming()
+    profile = Dynamo16ProfileTiming if release_16 else ProfileTiming
+    return profile.from_npz(args.planner_profile_data)
 
 
 def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EngineConfig:
@@ -611,7 +661,7 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     Exits through ``parser.error`` for flags that contradict each other; raises
     `PoolError` or ``ImportError`` for a planner profile that cannot be loaded.
     """
-    if args.planner_profile_data is not None and args.timing_model != "dynamo":
+    if args.planner_profile_data is not None and args.timing_model not in ("dynamo", "dynamo-1.6"):
         parser.error("--planner-profile-data needs --timing-model dynamo")
     check_aic_flags(args, parser)
     timing = _timing(args)
@@ -626,6 +676,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             # built only to be published: the report counts the batches either way
             enable_kv_cache_events=args.zmq_kv_event_port is not None,
             preemption_mode=args.preemption_mode,
+            scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+            watermark=args.watermark,
             timing=timing,
         )
     except PoolError as exc:
@@ -683,10 +735,14 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.trace:
         if args.trace == "-" and sys.stdin.isatty():  # a forgotten pipe would look hung
             print("kvpool simulate: reading the trace from stdin (Ctrl-D ends it)", file=sys.stderr)
-        try:  # validated whole, streamed later
-            trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
+        try:  # validated whole, streamed later; a TraceWarning is one line on stderr
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", TraceWarning)
+                trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)
         except TraceError as exc:
             return _fail(str(exc))
+        for warning in caught:
+            print(f"kvpool simulate: warning: {warning.message}", file=sys.stderr)
     try:
         requests, workload = _workload(args, trace)
         return _simulate_loaded(args, backend, options, config, requests, workload)

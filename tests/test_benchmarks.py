@@ -32,6 +32,10 @@ RUNS = {
         ],
     ),
     "events": (["bench_events.py"], ["tokens", "batches"]),
+    "fidelity": (
+        ["bench_fidelity.py", "--multiturn", SAMPLE, "--timing", "polynomial"],
+        ["preemptions", "hit tokens", "same TTFT", "target"],
+    ),
     "memory": (
         ["bench_memory.py", "--trace", SAMPLE],
         ["peak RSS", "target < 500 MB", "the run's own wall time"],
@@ -43,7 +47,10 @@ RUNS = {
     "fuzz": (["fuzz_actor.py", "--quick"], ["asyncio: seeds", "trio: seeds", "no breach"]),
     "serve": (
         ["bench_serve.py", "--requests", "20", "--max-tokens", "4"],
-        ["worst clock lag", "requests per second", "tokens per second", "leaked blocks 0"],
+        [
+            *("worst clock lag", "requests per second", "tokens per second", "leaked blocks 0"),
+            *("worst engine clock lag", "small requests, refusing", "50,000-prompt batch"),
+        ],
     ),
 }
 

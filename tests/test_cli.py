@@ -310,6 +310,9 @@ def test_help_documents_every_flag() -> None:
         "--enable-chunked-prefill",
         "--no-enable-chunked-prefill",
         "--preemption-mode",
+        "--scheduler-reserve-full-isl",
+        "--no-scheduler-reserve-full-isl",
+        "--watermark",
         "--step-overhead-ms",
         "--prefill-us-per-token",
         "--decode-us-per-seq",
@@ -868,6 +871,33 @@ def test_ctrl_c_while_the_trace_is_read_exits_130() -> None:
     assert process.returncode == 130
     assert stderr.decode().strip() == "kvpool simulate: interrupted"
     assert stdout == b""
+
+
+def test_ctrl_c_interrupts_a_run_started_with_sigint_ignored() -> None:
+    # what a shell's background job (`cmd &`, `trap '' INT`) hands its children: the
+    # command must install its own Ctrl-C handling, not inherit "ignore"
+    def ignore_interrupts() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvpool", "simulate", "--trace", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        preexec_fn=ignore_interrupts,
+    )
+    assert process.stdin is not None
+    line = SAMPLE_TRACE.read_bytes().splitlines()[0] + b"\n"
+    process.stdin.write(line * (1 + (1 << 20) // len(line)))  # it is reading the trace
+    process.stdin.flush()
+    process.send_signal(signal.SIGINT)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.stdin.close()
+    assert process.returncode == 130
+    assert stderr.decode().strip() == "kvpool simulate: interrupted"
 
 
 def test_ctrl_c_during_the_zmq_subscriber_wait_exits_130() -> None:

@@ -33,6 +33,7 @@ from kvpool import cli
 from kvpool.engine import (
     KV_BACKENDS,
     Dispatch,
+    Dynamo16Timing,
     DynamoTiming,
     EngineConfig,
     LocalKvClient,
@@ -94,6 +95,7 @@ TIMINGS: dict[str, StepTiming] = {
     "linear": TimingModel(),
     "dyadic": DYADIC,
     "dynamo": DynamoTiming(),
+    "dynamo-1.6": Dynamo16Timing(),
     "profile": PROFILE,
     "context": ContextTiming(),
     "linear+context": LinearPlusContext(),

@@ -187,8 +187,10 @@ async def test_a_burst_of_the_sample_trace_hits_every_earlier_prompt_block(
     # is first come first served, and a request is admitted only once every earlier
     # prompt has been scheduled whole (an earlier chunk uses up the budget first). So
     # each request must reuse the longest prefix any earlier prompt holds, even one
-    # scheduled in the same step. Before same-step visibility this gave a hit rate of
-    # 0.678 (same-step duplicates missed); Dynamo's mocker gives 0.708, as here.
+    # scheduled in the same step. Dynamo's mocker (ai-dynamo-runtime 1.6.1's offline
+    # replay, same burst) gives 0.653, as here. (The trace shipped before, whose
+    # partial blocks shared ids with full ones, gave 0.708 in both, and 0.678 here
+    # before same-step visibility, when same-step duplicates missed.)
     requests = burst()
     config = EngineConfig(num_gpu_blocks=65536, block_size=16)
     async with kv_factory(config, 0) as kv:
@@ -210,7 +212,7 @@ async def test_a_burst_of_the_sample_trace_hits_every_earlier_prompt_block(
     assert stats.prefix_hit_tokens == hits
     assert same_step > 0  # the burst really put sharing requests in one step
     assert stats.prefix_query_tokens == sum(r.input_length for r in requests)
-    assert round(stats.prefix_hit_tokens / stats.prefix_query_tokens, 3) == 0.708
+    assert round(stats.prefix_hit_tokens / stats.prefix_query_tokens, 3) == 0.653
 
 
 def test_allocate_with_cache_marks_the_allocated_tokens_computed() -> None:

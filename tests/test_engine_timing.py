@@ -14,7 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvpool import cli
 from kvpool.engine import (
+    Dynamo16ProfileTiming,
+    Dynamo16Timing,
     DynamoTiming,
     EngineConfig,
     MockEngine,
@@ -97,6 +100,46 @@ async def test_dynamo_charges_prefill_for_prompt_tokens_and_decode_for_sampled_t
     assert steps[0].duration_s == pytest.approx((prefill + decode) / 1e3)
     # Steps 2 and 3 decode tokens 101 and 102, still in 7 blocks: decode only.
     assert [s.duration_s for s in steps[1:]] == pytest.approx([decode / 1e3] * 2)
+
+
+@pytest.mark.anyio
+async def test_dynamo_16_charges_decode_only_for_requests_that_sampled_before(
+    kv_factory: KvFactory,
+) -> None:
+    # ai-dynamo-runtime 1.6.1 (its replay gave these figures: TTFT 66.958095 ms, next
+    # token 14.940288 ms later): step 1 only prefills the 3063-token prompt, and decodes
+    # nothing (the token it samples is the first); step 2 decodes at p = its 3064 tokens
+    # over 1024 blocks * 16 tokens.
+    steps = await durations(kv_factory, Dynamo16Timing(), [spec("a", 3063, 3)], num_gpu_blocks=1024)
+    assert steps[0].duration_s == pytest.approx(poly_prefill_ms(3063) / 1e3)
+    assert steps[0].duration_s * 1e3 == pytest.approx(66.958095, abs=1e-6)
+    assert steps[1].duration_s == pytest.approx(poly_decode_ms(3064 / 16384) / 1e3)
+    assert steps[1].duration_s * 1e3 == pytest.approx(14.940288, abs=1e-6)
+
+
+def test_dynamo_16_reads_usage_from_decoding_tokens_at_most_one() -> None:
+    # prefix sharing can make the decoding sequences' tokens exceed the pool's
+    work = StepWork(emitting=3, decoding=3, decode_context_tokens=20_000, capacity=1024)
+    assert Dynamo16Timing().duration(work) == pytest.approx(poly_decode_ms(1.0) / 1e3)
+    # a request finishing its prompt samples, but decodes nothing
+    work = StepWork(prefill_requests=1, prompt_end=100, emitting=1, context_tokens=100)
+    assert Dynamo16Timing().duration(work) == pytest.approx(poly_prefill_ms(100) / 1e3)
+    assert Dynamo16Timing().duration(StepWork()) == 0.0
+
+
+def test_dynamo_16_profile_charges_as_the_fixed_model_when_flat(tmp_path: Path) -> None:
+    # flat tables: 1.6.1's fixed model, prefill 10 ms, decode 2 ms (its replay: a lone
+    # request's TTFT is the prefill alone, each next token the decode)
+    path = write_profile(
+        tmp_path / "flat.npz", prefill_ttft_ms=[10.0] * 3, decode_itl=[[2.0, 2.0], [2.0, 2.0]]
+    )
+    profile = Dynamo16ProfileTiming.from_npz(path)
+    prefill_only = StepWork(prefill_requests=1, prompt_end=100, emitting=1, context_tokens=100)
+    assert profile.duration(prefill_only) == pytest.approx(0.010)
+    both = StepWork(
+        prefill_requests=1, prompt_end=100, emitting=2, decoding=1, decode_context_tokens=50
+    )
+    assert profile.duration(both) == pytest.approx(0.012)
 
 
 @pytest.mark.anyio
@@ -274,12 +317,28 @@ def test_the_cli_runs_each_timing_model(tmp_path: Path) -> None:
         [],
         ["--timing-model", "dynamo"],
         ["--timing-model", "dynamo", "--planner-profile-data", str(profile)],
+        ["--timing-model", "dynamo-1.6"],
     ):
         result = kvpool("simulate", "--sessions", "3", "--kv-backend", "local", *flags)
         assert result.returncode == 0, result.stderr
         line = next(s for s in result.stdout.splitlines() if s.startswith("simulated time"))
         simulated.append(line.split()[-1])
-    assert len(set(simulated)) == 3  # each model timed the same steps differently
+    assert len(set(simulated)) == 4  # each model timed the same steps differently
+
+
+@pytest.mark.parametrize(
+    ("flags", "model"),
+    [
+        (["--timing-model", "dynamo-1.6"], Dynamo16Timing),
+        (["--timing-model", "dynamo-1.6", "--planner-profile-data", "P"], Dynamo16ProfileTiming),
+        (["--timing-model", "dynamo", "--planner-profile-data", "P"], ProfileTiming),
+    ],
+)
+def test_the_dynamo_release_picks_the_model(tmp_path: Path, flags: list[str], model: type) -> None:
+    profile = str(write_profile(tmp_path / "profile.npz"))
+    parser = cli.build_parser()
+    args = parser.parse_args(["simulate", *(profile if f == "P" else f for f in flags)])
+    assert type(cli.engine_config(args, parser).timing) is model
 
 
 def test_the_cli_refuses_a_bad_profile_in_one_line_before_the_run(tmp_path: Path) -> None:

@@ -36,13 +36,13 @@ def served(request: pytest.FixtureRequest) -> Iterator[type[Served]]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_mid_stream_finishes_the_request_and_exits_zero(
+def test_a_signal_mid_stream_lets_the_request_finish_within_the_timeout(
     served: type[Served], sig: int
 ) -> None:
     # a step takes 1 s of simulated time at speedup 20 (50 ms of wall time): the stream
     # of 60 tokens is in flight for 3 s, long after the listening socket closed
     server = served("--port", "0", "--log-level", "warning", "--step-overhead-ms", "1000",
-                    "--speedup-ratio", "20")  # fmt: skip
+                    "--speedup-ratio", "20", "--shutdown-timeout", "30")  # fmt: skip
     body = {"model": "kvpool-mock", "prompt": "tell me more", "max_tokens": 60, "stream": True}
     chunks = 0
     with (
@@ -114,6 +114,19 @@ def test_events_replay_with_vllms_framing_and_llm_ds_topic(served: type[Served])
         ctx.term()
     assert [seq for seq, _ in replayed] == list(range(len(replayed)))
     assert replayed[0][1].events[0].block_size == 16  # type: ignore[union-attr]
+    status, log = server.stop()
+    assert status == 0, log
+
+
+def test_the_body_limit_flag_reaches_the_server(served: type[Served]) -> None:
+    server = served("--port", "0", "--log-level", "warning", "--speedup-ratio", "0",
+                    "--max-request-body-bytes", "200")  # fmt: skip
+    with httpx.Client(base_url=server.url, timeout=20) as client:
+        big = client.post("/v1/completions", json={"model": "kvpool-mock", "prompt": "x" * 300})
+        fine = client.post("/v1/completions", json={"model": "kvpool-mock", "prompt": "x" * 100})
+    assert big.status_code == 413
+    assert "--max-request-body-bytes" in big.json()["error"]["message"]
+    assert fine.status_code == 200
     status, log = server.stop()
     assert status == 0, log
 

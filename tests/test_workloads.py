@@ -20,6 +20,7 @@ from kvpool.workloads import (
     RequestSpec,
     Segment,
     SyntheticWorkload,
+    TraceWarning,
     default_workload,
     parse_mooncake_lines,
     read_mooncake_trace,
@@ -224,6 +225,41 @@ def test_the_shipped_sample_trace_reads_and_is_reproducible() -> None:
     spec.loader.exec_module(module)
     regenerated = "".join(line + "\n" for line in module.sample_trace_lines())
     assert SAMPLE_TRACE.read_text() == regenerated
+
+
+def test_the_shipped_sample_trace_uses_each_hash_id_at_one_block_size() -> None:
+    # aiperf's Mooncake loader rule, checked without aiperf: an id is one block of
+    # fixed content, so every use of it covers the same number of tokens.
+    sizes: dict[int, set[int]] = {}
+    for line in SAMPLE_TRACE.read_text().splitlines():
+        entry = json.loads(line)
+        ids = entry["hash_ids"]
+        for i, hash_id in enumerate(ids):
+            tokens = min(512, entry["input_length"] - 512 * i)
+            sizes.setdefault(hash_id, set()).add(tokens)
+    assert all(len(used) == 1 for used in sizes.values())
+    assert any(512 not in used for used in sizes.values())  # partial blocks are in it
+
+
+def test_a_hash_id_used_at_two_sizes_is_warned_about_naming_the_first_line(
+    tmp_path: Path,
+) -> None:
+    # line 1's id 2 is a partial block of 88 tokens; line 3 uses it full (512)
+    lines = [
+        record(input_length=600, hash_ids=[1, 2]),
+        record(input_length=600, hash_ids=[1, 2]),
+        record(input_length=1100, hash_ids=[1, 2, 3]),
+        record(input_length=100, hash_ids=[3]),
+    ]
+    path = write_trace(tmp_path / "t.jsonl", lines)
+    message = r"t\.jsonl: line 3: hash id 2 stands for a block of 512 tokens, and of 88 at line 1"
+    with pytest.warns(TraceWarning, match=message) as caught:
+        trace = MooncakeTrace(path)
+    assert len(caught) == 1  # only the first such line
+    assert len(trace) == 4  # and the trace runs
+    trace.close()
+    with pytest.warns(TraceWarning, match="line 3: hash id 2"):
+        parse_mooncake_lines(lines, source="t.jsonl")
 
 
 def test_a_trace_error_is_a_kvpool_error_and_not_a_refused_pool_call() -> None:

@@ -34,6 +34,8 @@ from kvpool.engine.runner import (
 from kvpool.engine.simulation import Dispatch, Simulation
 from kvpool.engine.timing import (
     AicTiming,
+    Dynamo16ProfileTiming,
+    Dynamo16Timing,
     DynamoTiming,
     ProfileDataError,
     ProfileTiming,
@@ -47,6 +49,8 @@ __all__ = [
     "Arrivals",
     "Dispatch",
     "Distribution",
+    "Dynamo16ProfileTiming",
+    "Dynamo16Timing",
     "DynamoTiming",
     "EngineConfig",
     "EngineStats",

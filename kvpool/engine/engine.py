@@ -10,15 +10,23 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
    any, is tried: under LIFO there is none). A victim's blocks are released leaf first,
    its computed count drops to 0 and it goes back to the *front* of the waiting queue; a
    victim already scheduled this step (FIFO) is unscheduled and its tokens return to
-   the budget.
+   the budget, and the loop's index steps back one, so the running request after the
+   one that preempted is still tried this step (vLLM's ``req_index -= 1``). Dynamo's
+   mocker does not step back after preempting the front of the running list: it skips
+   the next running request for that step, so FIFO runs under pressure may differ
+   from its replay there; kvpool keeps vLLM's behaviour.
 2. *Then waiting requests*, first come first served, while the budget lasts, fewer than
    ``max_num_seqs`` run, and no request was preempted this step. A request's first
    allocation reuses its cached prefix (always leaving its last token to compute); the
    rest of its prompt is computed in chunks (chunked prefill) or, with chunked prefill
-   off, all in one step or not at all (the queue waits). Admission waits while the
-   fresh blocks plus the inactive cached prefix it would pin exceed what is free or
-   evictable (Dynamo's check; exactly when the allocation would fail); the first request
-   that does not fit stops admission for this step.
+   off, all in one step or not at all (the queue waits). Admission is vLLM 0.33's
+   (``allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl)``): it waits
+   while the fresh blocks of the request's whole sequence (prompt, and for a preempted
+   request the output so far; with ``scheduler_reserve_full_isl`` off, of this step's
+   chunk only) plus the inactive cached prefix it would pin, plus the watermark blocks
+   while any request runs, exceed what is free or evictable; the first request that
+   does not fit stops admission for this step. Dynamo's mocker also requires the whole
+   prompt to fit.
 3. *Execution*: the simulated clock advances by the timing model's step time; each
    scheduled request's computed count grows; a request that has computed all its tokens
    samples one, and finishes, releasing its blocks leaf first, after its last output
@@ -697,11 +705,16 @@ class MockEngine:
         it must wait.
 
         A query (`KvClient.prefill_cost`, unless the last KV call's reply carried the
-        ``cost``), nothing changes. The check is Dynamo's: the
-        fresh blocks plus the inactive cached prefix the allocation would pin must fit in
-        what is free or evictable, less ``growing`` blocks the step's running requests
-        are about to take. It is exact (the allocation fails exactly when it refuses),
-        and it spares a failing allocation its second prefix walk.
+        ``cost``), nothing changes. The check is vLLM 0.33's (``allocate_slots``, its
+        ``full_sequence_must_fit`` gate first): the fresh blocks of the request's whole
+        sequence (``scheduler_reserve_full_isl``; else of this step's chunk) plus the
+        inactive cached prefix the allocation would take out of the free queue, plus
+        the watermark blocks while some request runs, must fit in what is free or
+        evictable, less ``growing`` blocks the step's running requests are about to
+        take. A whole sequence needs at least its chunk's blocks, so the chunk's own
+        check, which vLLM makes next, never refuses what this one admits. Without the
+        full-sequence gate and the watermark it is exact (the allocation fails exactly
+        when it refuses) and spares a failing allocation its second prefix walk.
         """
         config = self.config
         bs = config.block_size
@@ -718,7 +731,12 @@ class MockEngine:
                 return None
             num_new = budget
         fresh = -(-(cached + num_new) // bs) - cached_blocks
-        if fresh + inactive_cached > config.num_gpu_blocks - self._num_active - growing:
+        required = fresh + inactive_cached
+        if config.scheduler_reserve_full_isl:
+            required += -(-request.num_tokens // bs) - cached_blocks - fresh
+        if self.running:  # vLLM's has_scheduled_reqs: bool(running)
+            required += config.watermark_blocks
+        if required > config.num_gpu_blocks - self._num_active - growing:
             return None
         return cached, num_new, fresh, inactive_cached
 

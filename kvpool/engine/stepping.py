@@ -80,6 +80,7 @@ def step_work(
     """What the scheduled requests compute this step, as the timing models read it."""
     prefill_tokens = decode_seqs = 0
     prefill_requests = prompt_start = prompt_end = emitting = context_tokens = 0
+    decoding = decode_context = 0
     for request, num_new in scheduled.items():
         before = request.num_computed
         tokens = request.num_tokens
@@ -97,6 +98,9 @@ def step_work(
         if before + num_new == tokens:  # samples a token this step
             emitting += 1
             context_tokens += tokens
+            if request.num_output:  # and sampled before: decoding, or done recomputing
+                decoding += 1
+                decode_context += tokens
     return StepWork(
         prefill_tokens=prefill_tokens,
         decode_seqs=decode_seqs,
@@ -105,6 +109,8 @@ def step_work(
         prompt_end=prompt_end,
         emitting=emitting,
         context_tokens=context_tokens,
+        decoding=decoding,
+        decode_context_tokens=decode_context,
         active_blocks=active_blocks,
         capacity=capacity,
         block_size=block_size,
@@ -120,6 +126,8 @@ def decode_work(
         decode_seqs=requests,
         emitting=requests,
         context_tokens=context_tokens,
+        decoding=requests,
+        decode_context_tokens=context_tokens,
         active_blocks=active_blocks,
         capacity=capacity,
         block_size=block_size,

@@ -17,6 +17,15 @@ latency predictions (`AicTiming`, its ``--aic-perf-model``; the library is loade
 - decode is charged only if some request samples a token in the step, at least 1 ms.
   Dynamo reads the pool's active blocks *after* the step's allocations (preemptions
   included) and before the sampled tokens need blocks of their own.
+
+ai-dynamo-runtime 1.6.1 (the test extra's, whose offline replay
+``benchmarks/bench_fidelity.py`` runs beside kvpool) charges prefill the same way but
+decode differently (`Dynamo16Timing`, `Dynamo16ProfileTiming`; ``--timing-model
+dynamo-1.6``): only if a request that had sampled before samples again in the step (it
+decodes, or finishes recomputing after a preemption), so a step that only prefills
+costs its prefill alone; and its KV usage is those requests' tokens over the pool's
+tokens, at most 1, not the active blocks. Its offline replay loads no planner profile;
+its ``fixed`` model is what a profile with flat tables gives here.
 """
 
 from __future__ import annotations
@@ -41,7 +50,9 @@ class StepWork(msgspec.Struct, frozen=True, gc=False):
     decoding one token (the linear model). ``prefill_requests``: requests computing
     prompt tokens; ``prompt_start``/``prompt_end``: their prompt tokens computed (cached
     prefix included) before and after the step, summed. ``emitting``: requests sampling
-    a token; ``context_tokens``: their sequence lengths (prompt plus generated) summed.
+    a token; ``context_tokens``: their sequence lengths (prompt plus generated) summed;
+    ``decoding``: those of them that had sampled a token before (decoding, or done
+    recomputing after a preemption); ``decode_context_tokens``: their lengths summed.
     ``active_blocks``: the pool's active blocks after the step's allocations, of
     ``capacity`` blocks of ``block_size`` tokens. A msgspec Struct: the engine builds one
     per step, and a frozen dataclass costs several times as much to build.
@@ -54,6 +65,8 @@ class StepWork(msgspec.Struct, frozen=True, gc=False):
     prompt_end: int = 0
     emitting: int = 0
     context_tokens: int = 0
+    decoding: int = 0
+    decode_context_tokens: int = 0
     active_blocks: int = 0
     capacity: int = 1
     block_size: int = 16
@@ -87,11 +100,36 @@ class DynamoTiming:
     def duration(self, work: StepWork) -> float:
         ms = 0.0
         if work.prefill_requests:
-            t = work.dynamo_prompt_tokens
-            ms += 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
+            ms += _dynamo_prefill_ms(work.dynamo_prompt_tokens)
         if work.emitting:
-            p = work.active_blocks / work.capacity
-            ms += max(1.0, -25.74 * p * p + 54.01 * p + 5.74)
+            ms += _dynamo_decode_ms(work.active_blocks / work.capacity)
+        return ms / 1e3
+
+
+def _dynamo_prefill_ms(t: int) -> float:
+    """Dynamo's polynomial prefill milliseconds for T prompt tokens."""
+    return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
+
+
+def _dynamo_decode_ms(p: float) -> float:
+    """Dynamo's polynomial decode milliseconds at KV usage ``p``."""
+    return max(1.0, -25.74 * p * p + 54.01 * p + 5.74)
+
+
+@dataclass(frozen=True, slots=True)
+class Dynamo16Timing:
+    """ai-dynamo-runtime 1.6.1's polynomial model (the module docstring says how it
+    differs from 1.4.0's `DynamoTiming`): prefill as there, plus the decode polynomial
+    at p = min(1, decode_context_tokens / (capacity * block_size)) if some request
+    decodes (``decoding``)."""
+
+    def duration(self, work: StepWork) -> float:
+        ms = 0.0
+        if work.prefill_requests:
+            ms += _dynamo_prefill_ms(work.dynamo_prompt_tokens)
+        if work.decoding:
+            p = min(1.0, work.decode_context_tokens / (work.capacity * work.block_size))
+            ms += _dynamo_decode_ms(p)
         return ms / 1e3
 
 
@@ -215,6 +253,24 @@ class ProfileTiming:
             active_kv_tokens = work.active_blocks * work.block_size
             context_length = work.context_tokens // work.emitting
             ms += max(1.0, self.decode_ms(active_kv_tokens, context_length))
+        return ms / 1e3
+
+
+class Dynamo16ProfileTiming(ProfileTiming):
+    """`ProfileTiming` charged as ai-dynamo-runtime 1.6.1 charges a step: decode only if
+    some request decodes (``decoding``), interpolated at their tokens
+    (``decode_context_tokens``) and their mean length. (1.6.1's offline replay loads no
+    profile, so only its flat-table case, its ``fixed`` model, is checked against it.)"""
+
+    __slots__ = ()
+
+    def duration(self, work: StepWork) -> float:
+        ms = 0.0
+        if work.prefill_requests:
+            ms += max(0.0, self.prefill_ms(work.dynamo_prompt_tokens))
+        if work.decoding:
+            context_length = work.decode_context_tokens // work.decoding
+            ms += max(1.0, self.decode_ms(work.decode_context_tokens, context_length))
         return ms / 1e3
 
 
@@ -374,6 +430,8 @@ def _check_values(name: str, values: Sequence[float], length: int | None) -> Non
 __all__ = [
     "AIC_CONTEXT_BUCKET",
     "AicTiming",
+    "Dynamo16ProfileTiming",
+    "Dynamo16Timing",
     "DynamoTiming",
     "LatencyPredictor",
     "ProfileDataError",

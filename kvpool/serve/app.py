@@ -13,8 +13,10 @@ unless a ``stop`` string or ``stop_token_ids`` token ends it first. The text is
 deterministic: the output token ids are a function of the prompt's ids and the choice's
 index (``n`` > 1 runs one engine request per choice, as vLLM does).
 ``usage.prompt_tokens_details.cached_tokens`` is what each prompt's first admission
-reused from the prefix cache. A client that disconnects mid-stream has its requests
-aborted and their blocks freed leaf first.
+reused from the prefix cache. A client that disconnects has its requests aborted and
+their blocks freed leaf first, streaming or not (`kvpool.serve.disconnect`). Bodies
+pass `kvpool.serve.intake` (size limit, batch and text checks, big ones parsed on a
+worker thread) before any prompt is tokenized.
 """
 
 from __future__ import annotations
@@ -31,14 +33,25 @@ import anyio
 import msgspec
 import xxhash
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kvpool.serve.choices import Choice
+from kvpool.serve.disconnect import unless_disconnected
 from kvpool.serve.driver import EngineDriver, Output
 from kvpool.serve.failures import failure_error
+from kvpool.serve.intake import (
+    OFF_LOOP_BYTES,
+    BodyTooLarge,
+    ClientGone,
+    check_batch_unparsed,
+    check_text_length,
+    check_text_prompts,
+    off_loop,
+    read_body,
+)
 from kvpool.serve.logprobs import completion_logprobs
 from kvpool.serve.outbox import Outbox
 from kvpool.serve.protocol import (
@@ -64,7 +77,15 @@ def _response(body: Any, status: int = 200) -> Response:
 
 
 def _error(exc: ApiError) -> Response:
-    return _response(exc.body(), exc.status)
+    response = _response(exc.body(), exc.status)
+    if isinstance(exc, BodyTooLarge):  # the rest of the body is not wanted: hang up
+        response.headers["connection"] = "close"
+    return response
+
+
+def _gone() -> Response:
+    """The answer to a client that left: never delivered (nginx's 499 in the log)."""
+    return Response(status_code=499)
 
 
 Write = Callable[[bytes, bool], Awaitable[None]]
@@ -314,41 +335,45 @@ class _Api:
         )
 
     async def completions(self, request: Request) -> Response:
+        header_id = request.headers.get("x-request-id")
         try:
-            raw = await request.body()
-        except ClientDisconnect:  # the client left mid-upload: nobody to answer
-            return Response(status_code=400)
-        try:
-            plan = self._completion(raw, request.headers.get("x-request-id"))
+            raw = await read_body(request, self.state.limits.body_bytes)
+            plan = await off_loop(len(raw), partial(self._completion, raw, header_id))
             self._launch(plan)
+        except ClientGone:  # the client left mid-upload: nobody to answer
+            return _gone()
         except ApiError as exc:
             return _error(exc)
-        return await self._answer(plan)
+        return await self._answer(plan, request.receive)
 
     def _completion(self, raw: bytes, header_id: str | None) -> _Plan:
+        if len(raw) > OFF_LOOP_BYTES:  # room for more prompts than a batch may hold
+            check_batch_unparsed(raw)
         body = parse_completion(raw)
         check_model(body, self.state.model_name)
         check_completion(body)
+        check_text_prompts(body.prompt, self.state.max_model_len)
         prompts = self._prompts(body.prompt, body.add_special_tokens)
         return self._plan(body, _base_id(header_id, body, "cmpl"), prompts, chat=False)
 
     async def chat(self, request: Request) -> Response:
+        header_id = request.headers.get("x-request-id")
         try:
-            raw = await request.body()
-        except ClientDisconnect:
-            return Response(status_code=400)
-        try:
-            plan = self._chat(raw, request.headers.get("x-request-id"))
+            raw = await read_body(request, self.state.limits.body_bytes)
+            plan = await off_loop(len(raw), partial(self._chat, raw, header_id))
             self._launch(plan)
+        except ClientGone:
+            return _gone()
         except ApiError as exc:
             return _error(exc)
-        return await self._answer(plan)
+        return await self._answer(plan, request.receive)
 
     def _chat(self, raw: bytes, header_id: str | None) -> _Plan:
         body = parse_chat(raw)
         check_model(body, self.state.model_name)
         check_chat(body)
         text = chat_prompt(body.messages)
+        check_text_length(text, self.state.max_model_len, "messages")
         ids = self.state.tokenizer.encode(text, body.add_special_tokens)
         base = _base_id(header_id, body, "chatcmpl")
         return self._plan(body, base, [_Prompt(ids, text)], chat=True)
@@ -393,16 +418,18 @@ class _Api:
 
     # -------------------------------------------------------------- answers
 
-    async def _answer(self, plan: _Plan) -> Response:
+    async def _answer(self, plan: _Plan, receive: Receive) -> Response:
         if plan.failure == "disconnect" and not plan.body.stream:
             plan.release()
             return _Cut()
         if plan.body.stream:
             return _EventStream(partial(self._stream, plan))
-        try:
-            texts = await _collect(plan)
+        try:  # queued or running, a client that leaves has its requests aborted
+            answered, texts = await unless_disconnected(receive, partial(_collect, plan))
         finally:
             plan.release()
+        if not answered or texts is None:
+            return _gone()
         return self._whole(plan, texts)
 
     def _whole(self, plan: _Plan, texts: list[str]) -> Response:

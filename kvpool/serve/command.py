@@ -18,6 +18,7 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from kvpool.cli import check_event_flags, engine_config, open_publishers
     from kvpool.events.zmq_publisher import llmd_topic
     from kvpool.serve.failures import FAILURE_TYPES, FailureInjector
+    from kvpool.serve.intake import RequestLimits
     from kvpool.serve.server import routable_host, serve
     from kvpool.serve.state import ServeState
     from kvpool.serve.tokenizer import BuiltinTokenizer, HfTokenizer, Tokenizer
@@ -58,11 +59,18 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 args.failure_types or FAILURE_TYPES,
                 fail_first=args.fail_first,
             ),
+            limits=RequestLimits(args.max_request_body_bytes),
         )
         if sinks:
             where = ", ".join(f"{s.endpoint} (rank {s.data_parallel_rank})" for s in sinks)
             print(f"kvpool serve: publishing KV events on {where}", file=sys.stderr)
-        return serve(state, args.host, args.port, log_level=args.log_level)
+        return serve(
+            state,
+            args.host,
+            args.port,
+            log_level=args.log_level,
+            shutdown_timeout=args.shutdown_timeout,
+        )
     finally:
         for sink in sinks or ():
             sink.close()

@@ -2,10 +2,10 @@
 
 The driver's task is the only code that touches its `MockEngine` (and, through it, the
 rank's KV manager actor). HTTP handlers reach it through an anyio memory object stream
-of `Submit` and `Abort` messages; each request gets its tokens back through its own
-`Outbox` of `Output`. Both are unbounded, so a handler never blocks on the engine and
-the engine never blocks on a slow client (a request's output is bounded by its
-``max_tokens``).
+of `Submit` and `Abort` messages (and a shutdown's `AbortAll`); each request gets its
+tokens back through its own `Outbox` of `Output`. Both are unbounded, so a handler never
+blocks on the engine and the engine never blocks on a slow client (a request's output is
+bounded by its ``max_tokens``).
 
 Timing: with ``speedup_ratio`` R > 0, simulated time runs R times wall time from the
 moment the driver starts; after each step the driver sleeps until the wall clock
@@ -71,6 +71,16 @@ class Abort:
     request_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class AbortAll:
+    """Drop every request the driver has (a shutdown's deadline passed): each counts as
+    finished with reason ``abort``, as vLLM's engine core reports the requests its
+    shutdown aborts."""
+
+
+_Message = Submit | Abort | AbortAll
+
+
 class _Live:
     """A request the driver is producing for."""
 
@@ -110,8 +120,9 @@ class EngineDriver:
         self.worst_lag_s = 0.0
         self.lag_counts: Counter[int] = Counter()  # paced steps by lateness in ms (bounded)
         self.leaked_blocks: int | None = None  # set when the task ends
+        self.shutdown_aborted = 0  # requests dropped by `abort_all`
         self.engine: MockEngine | None = None
-        self._send, self._receive = anyio.create_memory_object_stream[Submit | Abort](math.inf)
+        self._send, self._receive = anyio.create_memory_object_stream[_Message](math.inf)
         self._live: dict[str, _Live] = {}
         self._start = 0.0
         self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
@@ -149,6 +160,12 @@ class EngineDriver:
         self._stopped.add(request_id)
         self.abort(request_id)
 
+    def abort_all(self) -> None:
+        """Ask the task to drop every request it has (their outboxes end without a last
+        output). Never blocks or raises."""
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._send.send_nowait(AbortAll())
+
     def close(self) -> None:
         """Accept no more requests; the task finishes the ones it has, then ends."""
         self._send.close()
@@ -183,9 +200,11 @@ class EngineDriver:
         receive = self._receive
         open_ = True
         while open_ or engine.has_work:
+            handled = False
             if not engine.has_work:
                 try:
                     await self._handle(engine, await receive.receive())
+                    handled = True
                 except anyio.EndOfStream:
                     open_ = False
                     continue
@@ -198,6 +217,12 @@ class EngineDriver:
                     open_ = False
                     break
                 await self._handle(engine, message)
+                handled = True
+            if handled:
+                # the messages changed the queues (an abort, the pool too): report the
+                # engine as it now stands, not at a step that may be far off (or never
+                # come: an engine its clients all left is idle)
+                self._report(engine)
             if not engine.has_work:
                 continue
             result = await engine.step()
@@ -205,9 +230,18 @@ class EngineDriver:
             await self._deliver(engine, result)
             self._report(engine)
 
-    async def _handle(self, engine: MockEngine, message: Submit | Abort) -> None:
+    async def _handle(self, engine: MockEngine, message: _Message) -> None:
         if isinstance(message, Abort):
             await self._abort(engine, message.request_id)
+            return
+        if isinstance(message, AbortAll):
+            for request_id in list(self._live):
+                await self._abort(engine, request_id)
+                self.shutdown_aborted += 1
+                if self.metrics is not None:
+                    self.metrics.success.labels(
+                        self.metrics.model_name, str(self.rank), "abort"
+                    ).inc()
             return
         spec, reply = message.spec, message.reply
         paced = self.speedup_ratio > 0
@@ -280,6 +314,11 @@ class EngineDriver:
                 continue  # a prefill chunk, or a recomputation after preemption
             if live.last_token is None or num_new != generated:
                 iteration += generated
+            if not live.reply.listening:
+                # the client left: an abort, never a success (vLLM's output processor
+                # drops an aborted request's state, so no finished-request stats)
+                gone.append(request_id)
+                continue
             output = request.spec.output
             tokens = [output.token(i) for i in range(live.sent, num_output)]
             live.sent = num_output
@@ -314,13 +353,16 @@ class EngineDriver:
             await self._abort(engine, request_id)
 
     def _report(self, engine: MockEngine) -> None:
-        """Update the rank's gauges and counters, and drop the engine's per-step and
-        per-request samples and records (a server runs indefinitely; nothing here reads
-        them)."""
+        """Update the rank's gauges and counters from the engine as it stands now (it is
+        called after every batch of messages and every step: no change goes unreported),
+        and drop the engine's per-step and per-request samples and records (a server
+        runs indefinitely; nothing here reads them)."""
         stats = engine.stats
         metrics = self._metrics
         if metrics is not None:
-            usage = stats.usage[-1] if stats.usage else 0.0
+            # the pool as it is now, aborts included (a step's own sample predates the
+            # aborts of the clients that left while it ran); -1 before any step: empty
+            usage = max(0, engine.num_active_blocks) / engine.config.num_gpu_blocks
             metrics.running.set(len(engine.running))
             metrics.waiting.set(len(engine.waiting))
             metrics.usage.set(usage)
@@ -346,4 +388,4 @@ class EngineDriver:
         stats.clear_samples()
 
 
-__all__ = ["Abort", "EngineDriver", "Output", "Submit"]
+__all__ = ["Abort", "AbortAll", "EngineDriver", "Output", "Submit"]

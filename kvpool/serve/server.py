@@ -1,9 +1,16 @@
-"""Serving the app: uvicorn on uvloop, a graceful exit on SIGTERM/SIGINT, a leak check.
+"""Serving the app: uvicorn on uvloop, a bounded exit on SIGTERM/SIGINT, a leak check.
 
-`serve` blocks until a signal: uvicorn stops accepting connections, waits for the
-requests in flight to finish, then the app's lifespan lets the engines drain and checks
-that every pool is back to zero active blocks. The exit status is 0 then, 1 if a block
-leaked. `running_server` runs the same server inside an existing asyncio loop (tests,
+`serve` blocks until a signal. Shutdown, the same whichever signal and however the
+server is stopped: uvicorn stops accepting connections and closes the idle ones; the
+requests in flight may finish for ``shutdown_timeout`` seconds (vLLM's
+``--shutdown-timeout``, default 0: not at all); then, or at once on a second signal,
+every rank aborts what it still has (counted ``finished_reason="abort"``, as vLLM
+counts its shutdown's aborts) and every connection still open is dropped, a client that
+stopped reading included, so each handler ends through its disconnect path and frees
+its requests. Then the app's lifespan lets the engines drain and checks that every pool
+is back to zero active blocks. The exit status is 0 then, 1 if a block leaked. No
+signal skips that check (uvicorn's "force exit" on a second Ctrl-C would: it is never
+used). `running_server` runs the same server inside an existing asyncio loop (tests,
 benchmarks) on a port the OS picks.
 
 Once started, `serve` marks the startup heap static (``gc.freeze``), as vLLM's server
@@ -38,14 +45,43 @@ def _loop() -> str:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, with two changes: it announces the address it bound (the port
-    the OS picked for port 0), and it exits normally after a graceful shutdown on
-    SIGTERM/SIGINT instead of re-raising the signal (which would end the process with
-    the signal's status instead of 0)."""
+    """uvicorn's server, with three changes: it announces the address it bound (the port
+    the OS picked for port 0); its shutdown is bounded (see the module doc); and it exits
+    normally after SIGTERM/SIGINT instead of re-raising the signal (which would end the
+    process with the signal's status instead of 0)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServeState, shutdown_timeout: float):
+        if not shutdown_timeout >= 0:
+            raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout}")
+        super().__init__(config)
+        self.state = state
+        self.shutdown_timeout = shutdown_timeout
+        self.signals = 0  # SIGTERM/SIGINT received
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        self._captured_signals.clear()
+        # a signal handler: note it, the shutdown task acts on it (never force_exit,
+        # which would skip the engines' drain and the leak check)
+        self.signals += 1
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._abort_at_deadline)
+            await super().shutdown(sockets)
+            tasks.cancel_scope.cancel()
+
+    async def _abort_at_deadline(self) -> None:
+        """Wait out ``shutdown_timeout`` (or a second signal, however soon after the
+        first), then abort everything still in flight."""
+        with anyio.move_on_after(self.shutdown_timeout):
+            while self.signals < 2:
+                await anyio.sleep(0.02)
+        for driver in self.state.drivers:
+            driver.abort_all()
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()  # its handler sees the client gone, and ends
 
     @property
     def bound(self) -> tuple[str, int] | None:
@@ -75,9 +111,16 @@ def _freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def serve(state: ServeState, host: str, port: int, *, log_level: str = "warning") -> int:
+def serve(
+    state: ServeState,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "warning",
+    shutdown_timeout: float = 0,
+) -> int:
     """Serve until SIGTERM/SIGINT; return 0, or 1 if a KV block leaked."""
-    server = _Server(_config(state, host, port, log_level))
+    server = _Server(_config(state, host, port, log_level), state, shutdown_timeout)
 
     async def announce() -> None:
         while not server.started and not server.should_exit:
@@ -103,9 +146,15 @@ def serve(state: ServeState, host: str, port: int, *, log_level: str = "warning"
     if not server.started:
         return 1  # it could not bind, or the engines did not start (uvicorn logged why)
     leaked = state.leaked_blocks
+    aborted = state.shutdown_aborted
+    print(
+        f"kvpool serve: shut down; {aborted} request(s) aborted at the shutdown timeout",
+        file=sys.stderr,
+    )
     if leaked:
         print(f"kvpool serve: {leaked} KV blocks still active at exit", file=sys.stderr)
         return 1
+    print("kvpool serve: no KV block left active", file=sys.stderr)
     return 0
 
 
@@ -117,14 +166,16 @@ async def running_server(
     *,
     log_level: str = "warning",
     freeze_gc: bool = False,
+    shutdown_timeout: float = 0,
 ) -> AsyncIterator[str]:
     """Run the server in this (asyncio) loop; yield its base URL (``http://host:port``).
 
     With ``freeze_gc``, the heap is marked static once the server started, as `serve`
-    does (see the module doc). On exit it shuts down as on SIGTERM: requests in flight
-    finish, the engines drain.
+    does (see the module doc). On exit it shuts down as on SIGTERM: the requests in
+    flight may finish for ``shutdown_timeout`` seconds, then they are aborted, and the
+    engines drain.
     """
-    server = _Server(_config(state, host, port, log_level))
+    server = _Server(_config(state, host, port, log_level), state, shutdown_timeout)
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(server._serve)  # without signal capture: the caller owns those
         while not server.started:

@@ -13,6 +13,7 @@ from kvpool.engine import EngineConfig
 from kvpool.events import EventSink
 from kvpool.serve.driver import EngineDriver
 from kvpool.serve.failures import FailureInjector
+from kvpool.serve.intake import RequestLimits
 from kvpool.serve.metrics import ServeMetrics
 from kvpool.serve.tokenizer import BuiltinTokenizer, Tokenizer
 
@@ -36,6 +37,7 @@ class ServeState:
         tokenizer: Tokenizer | None = None,
         sinks: Sequence[EventSink | None] | None = None,
         failures: FailureInjector | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         if data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
@@ -44,6 +46,9 @@ class ServeState:
         self.config = config
         self.model_name = model_name
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else BuiltinTokenizer()
+        self.limits = (limits if limits is not None else RequestLimits()).for_context(
+            self.max_model_len
+        )
         self.metrics = ServeMetrics(model_name, config, data_parallel_size)
         self.failures = failures  # injected failures (router tests), None: none
         self.created = int(time.time())
@@ -71,6 +76,11 @@ class ServeState:
     def leaked_blocks(self) -> int:
         """Blocks still active after the engines stopped (0 when all is well)."""
         return sum(driver.leaked_blocks or 0 for driver in self.drivers)
+
+    @property
+    def shutdown_aborted(self) -> int:
+        """Requests a shutdown's deadline aborted, over every rank."""
+        return sum(driver.shutdown_aborted for driver in self.drivers)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[ServeState]:

@@ -8,18 +8,24 @@ tokens are derived from its ids, and prefixes shared in the trace are shared in 
 whatever the engine's block size.
 
 The whole file is validated before any request is returned; the first bad line raises a
-`TraceError` naming it. Requests are ordered by timestamp (stable for equal stamps).
-Absurd values are bad lines too: a timestamp beyond `MAX_TIMESTAMP_MS` or a length
+`TraceError` naming it. A trace that uses one hash id for blocks of two sizes (a
+request's partial last block, and the same id full in a later request) is run as it is
+(the partial block is the full one's first tokens) but warned about (`TraceWarning`,
+naming the first such line): a Mooncake id must stand for one block of fixed content,
+and NVIDIA's aiperf refuses such a trace. Requests are ordered by timestamp (stable for
+equal stamps). Absurd values are bad lines too: a timestamp beyond `MAX_TIMESTAMP_MS` or a length
 beyond `MAX_TRACE_TOKENS` (a request merely larger than an engine's pool is not: the
 engine rejects it and the report counts it).
 
-`MooncakeTrace` streams: it validates the file in one pass (keeping nothing but a count)
-and reads it again, line by line, each time it is iterated.
+`MooncakeTrace` streams: it validates the file in one pass (keeping a count, and until a
+hash id is found at two sizes one entry per distinct id) and reads it again, line by
+line, each time it is iterated.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from functools import lru_cache
@@ -60,6 +66,48 @@ class MooncakeRecord(msgspec.Struct, forbid_unknown_fields=True):
 _decoder = msgspec.json.Decoder(MooncakeRecord)
 
 
+class TraceWarning(UserWarning):
+    """A trace kvpool runs but other tools refuse: a hash id used at two block sizes."""
+
+
+class _BlockSizes:
+    """Finds the first line whose hash id stands for a block of another size than where
+    it was used before. Keeps one entry per distinct id until it finds one, then
+    nothing: only the first such line is named."""
+
+    __slots__ = ("_block_size", "_seen", "found")
+
+    def __init__(self, block_size: int) -> None:
+        self._block_size = block_size
+        self._seen: dict[int, tuple[int, int]] | None = {}  # id -> (tokens, first line)
+        self.found: str | None = None
+
+    def see(self, record: MooncakeRecord, number: int) -> None:
+        seen = self._seen
+        if seen is None:
+            return
+        ids = record.hash_ids
+        block_size = self._block_size
+        last = len(ids) - 1
+        for i, hash_id in enumerate(ids):
+            tokens = block_size if i < last else record.input_length - last * block_size
+            before = seen.setdefault(hash_id, (tokens, number))
+            if before[0] != tokens:
+                self.found = (
+                    f"line {number}: hash id {hash_id} stands for a block of {tokens} tokens, "
+                    f"and of {before[0]} at line {before[1]}: a Mooncake hash id must name "
+                    "one block of one size (aiperf refuses this trace; kvpool runs it, the "
+                    "shorter block as the longer one's first tokens)"
+                )
+                self._seen = None
+                return
+
+    def warn(self, source: str) -> None:
+        """Issue the `TraceWarning`, if a line was found."""
+        if self.found is not None:
+            warnings.warn(f"{source}: {self.found}", TraceWarning, stacklevel=3)
+
+
 def read_mooncake_trace(
     path: str | Path, *, trace_block_size: int = MOONCAKE_BLOCK_SIZE
 ) -> list[RequestSpec]:
@@ -77,10 +125,13 @@ def read_mooncake_trace(
 def parse_mooncake_lines(
     lines: Iterable[bytes | str], *, source: str = "<trace>", trace_block_size: int = 512
 ) -> list[RequestSpec]:
-    """Validate Mooncake lines (blank lines are skipped) and return their requests."""
-    requests = list(iter_mooncake_lines(lines, source=source, trace_block_size=trace_block_size))
+    """Validate Mooncake lines (blank lines are skipped) and return their requests;
+    warn (`TraceWarning`) if a hash id stands for blocks of two sizes."""
+    sizes = _BlockSizes(trace_block_size)
+    requests = list(_iter_checked(lines, source, trace_block_size, sizes))
     if not requests:
         raise TraceError("the trace holds no request", source=source)
+    sizes.warn(source)
     requests.sort(key=lambda request: request.arrival_s)
     return requests
 
@@ -90,6 +141,13 @@ def iter_mooncake_lines(
 ) -> Iterator[RequestSpec]:
     """Validate and yield the requests of Mooncake lines one by one, in file order
     (blank lines are skipped); `TraceError` at the first bad line."""
+    yield from _iter_checked(lines, source, trace_block_size, None)
+
+
+def _iter_checked(
+    lines: Iterable[bytes | str], source: str, trace_block_size: int, sizes: _BlockSizes | None
+) -> Iterator[RequestSpec]:
+    """`iter_mooncake_lines`, each record also shown to ``sizes``."""
     if type(trace_block_size) is not int or trace_block_size < 1:
         raise TraceError(
             f"trace block size must be an int >= 1, got {trace_block_size!r}", source=source
@@ -98,7 +156,10 @@ def iter_mooncake_lines(
         if not line.strip():
             continue
         record = _decode(line, source, number)
-        yield _to_request(record, source, number, trace_block_size)
+        request = _to_request(record, source, number, trace_block_size)
+        if sizes is not None:
+            sizes.see(record, number)
+        yield request
 
 
 class MooncakeTrace:
@@ -106,7 +167,8 @@ class MooncakeTrace:
 
     Construction reads the whole trace once (``path`` ``-``: standard input, spooled to a
     temporary file) and raises `TraceError` at the first bad line, so a run that starts
-    never meets one; it keeps the request count (``len``) and whether the timestamps are
+    never meets one (and warns, `TraceWarning`, if a hash id stands for two block
+    sizes); it keeps the request count (``len``) and whether the timestamps are
     in order. Iteration reads the file again, yielding requests in timestamp order: as
     they come when the file is in order (the common case: nothing is held), else the
     trace is held and stably sorted, as `read_mooncake_trace` does. Close it (or use it
@@ -174,15 +236,15 @@ class MooncakeTrace:
         count = 0
         in_order = True
         last = 0.0
+        sizes = _BlockSizes(self.trace_block_size)
         with self._lines() as lines:
-            for request in iter_mooncake_lines(
-                lines, source=self.source, trace_block_size=self.trace_block_size
-            ):
+            for request in _iter_checked(lines, self.source, self.trace_block_size, sizes):
                 count += 1
                 in_order = in_order and request.arrival_s >= last
                 last = request.arrival_s
         if not count:
             raise TraceError("the trace holds no request", source=self.source)
+        sizes.warn(self.source)
         return count, in_order
 
 
