@@ -48,6 +48,7 @@ RUNS = {
         ["bench_sweep.py", "--quick"],
         ["sweep --jobs 2", "4 x kvpool simulate in turn", "reports identical across the three"],
     ),
+    "fuzz": (["fuzz_actor.py", "--quick"], ["asyncio: seeds", "trio: seeds", "no breach"]),
     "serve": (
         ["bench_serve.py", "--requests", "20", "--max-tokens", "4"],
         [
