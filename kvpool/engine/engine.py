@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 
 import msgspec
 
@@ -192,6 +193,10 @@ class MockEngine:
         # The queue head's cost as the last KV call that changed the cache answered it
         # (a probe), or None: a jump that watches the head needs no query of its own.
         self._head_cost: tuple[str, PrefillCost] | None = None
+        # With KV events off no hash leaves the process: prompts go to the manager as
+        # runs (`TokenRuns`, no token built), which a manager with ``run_keys`` keys
+        # without building them (any other manager builds them: the same cache either way).
+        self._runs = config.enable_prefix_caching and not config.enable_kv_cache_events
 
     def __repr__(self) -> str:
         return (
@@ -262,7 +267,8 @@ class MockEngine:
             self.rejected_ids.append(spec.request_id)
             stats.requests.append(EngineRequest(spec, arrived).record(self.rank, rejected=True))
             return False
-        cost = await self.kv.add_request(spec.request_id, spec.prompt_token_array())
+        prompt = spec.prompt_token_runs() if self._runs else spec.prompt_token_array()
+        cost = await self.kv.add_request(spec.request_id, prompt)
         stats.submitted += 1
         if not self.waiting and self.config.enable_prefix_caching:
             self._head_cost = (spec.request_id, cost)  # the new head; the cache is as it was
@@ -573,7 +579,7 @@ class MockEngine:
             slots = []
             for index, target in plan:
                 request = running[index]
-                pending = request.take_pending() if request.has_pending else []
+                pending: Sequence[int] = request.take_pending() if request.has_pending else []
                 slots.append(SlotRequest(request.request_id, target, pending))
             if caching and waiting and len(running) < config.max_num_seqs:
                 probe = waiting[0].request_id

@@ -182,13 +182,16 @@ class LocalKvClient:
         *,
         enable_prefix_caching: bool = True,
         enable_kv_cache_events: bool = True,
+        run_keys: bool = False,
     ) -> LocalKvClient:
-        """A client over a fresh pool of ``num_gpu_blocks`` blocks and its own manager."""
+        """A client over a fresh pool of ``num_gpu_blocks`` blocks and its own manager
+        (``run_keys``: `KvManager`'s)."""
         manager = KvManager(
             BlockPool(num_gpu_blocks),
             block_size,
             enable_prefix_caching=enable_prefix_caching,
             enable_kv_cache_events=enable_kv_cache_events,
+            run_keys=run_keys,
         )
         return cls(manager)
 

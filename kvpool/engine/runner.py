@@ -25,12 +25,14 @@ KvFactory = Callable[[EngineConfig, int], AbstractAsyncContextManager[KvClient]]
 
 @asynccontextmanager
 async def open_local_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[KvClient]:
-    """A `LocalKvClient` over a fresh pool and manager sized by ``config``."""
+    """A `LocalKvClient` over a fresh pool and manager sized by ``config``: with KV
+    events off its blocks are named by run keys (no hash leaves it; no token is built)."""
     yield LocalKvClient.create(
         config.num_gpu_blocks,
         config.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
         enable_kv_cache_events=config.enable_kv_cache_events,
+        run_keys=not config.enable_kv_cache_events,
     )
 
 
@@ -44,6 +46,7 @@ async def open_actor_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[Kv
         config.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
         enable_kv_cache_events=config.enable_kv_cache_events,
+        run_keys=not config.enable_kv_cache_events,
     ) as kv:
         yield kv
 

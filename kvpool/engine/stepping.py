@@ -11,13 +11,14 @@ run as C; interpreted (``KVPOOL_PURE_PYTHON=1``, no compiler) they do the same.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.timing import StepTiming, StepWork
 from kvpool.events import KVEvent
 from kvpool.manager.types import ManagerStats, SlotRequest, StepAllocations, StepUpdate
-from kvpool.workloads.tokens import segment_tokens
+from kvpool.workloads.tokens import segment_runs
 
 
 def needs_call(request: EngineRequest, target: int, block_size: int, caching: bool) -> bool:
@@ -368,8 +369,8 @@ def plan_crossing(
                 told = target - request.spec.input_length
                 since = sent[index]
                 output = request.spec.output
-                new_tokens = (
-                    segment_tokens(output.seed, output.length, since, told) if since < told else []
+                new_tokens: Sequence[int] = (
+                    segment_runs(output.seed, output.length, since, told) if since < told else []
                 )
                 sent[index] = told
                 slots.append(SlotRequest(request.request_id, target, new_tokens))

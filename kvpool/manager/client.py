@@ -229,10 +229,11 @@ async def open_manager(
     enable_prefix_caching: bool = True,
     enable_kv_cache_events: bool = True,
     medium: str | None = "GPU",
+    run_keys: bool = False,
     on_create: Callable[[KvManager], None] | None = None,
 ) -> AsyncIterator[ManagerClient]:
     """Start an actor owning ``BlockPool(capacity)`` and a `KvManager` over it; yield
-    its `ManagerClient`.
+    its `ManagerClient` (``run_keys``: `KvManager`'s).
 
     ``on_create`` receives the manager as it is built (to inspect it; drive it only
     through the client). Raises `InvalidArgumentError` for a bad argument, before any
@@ -244,6 +245,7 @@ async def open_manager(
         enable_prefix_caching=enable_prefix_caching,
         enable_kv_cache_events=enable_kv_cache_events,
         medium=medium,
+        run_keys=run_keys,
     )
     if on_create is not None:
         on_create(manager)

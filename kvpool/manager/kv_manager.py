@@ -28,6 +28,12 @@ Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV ev
 - With ``enable_kv_cache_events=False`` (vLLM's switch: events cost work, and without a
   subscriber nobody reads them) no event is built or queued, and everything else is the
   same; ``stats().kv_events`` still counts the events there would have been.
+- With ``run_keys=True`` (events off only: no hash leaves the manager) a block is named
+  by a cheap chained key of its tokens' runs (`kvpool.hashing.runs.RunKeyer`), not by
+  Dynamo's xxh3 token hash, and no token is kept: a caller passing `TokenRuns` (a
+  workload's segments) never has a token built. Keys are equal exactly when the tokens
+  and prefixes are, so every count, cost and report is the same as with token hashes;
+  only ``block_hashes`` (and `BlockPool` contents) show other numbers.
 
 Compiled with mypyc as the pool core is (setup.py), with its validated parameters typed
 ``object`` for the reason `kvpool.pool.block_pool` gives; ``_api.pyi`` declares the
@@ -51,6 +57,7 @@ from kvpool.errors import (
 )
 from kvpool.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
 from kvpool.hashing import BlockHasher, ChunkMemo
+from kvpool.hashing.runs import RunKeyer, RunMemo, TokenRuns
 from kvpool.manager.request import RequestState
 from kvpool.manager.types import (
     Allocation,
@@ -93,6 +100,8 @@ class KvManager:
         "_record_events",
         "_requests",
         "_reuses",
+        "_run_keys",
+        "_run_memo",
     )
 
     def __init__(
@@ -103,6 +112,7 @@ class KvManager:
         enable_prefix_caching: object = True,
         enable_kv_cache_events: object = True,
         medium: object = "GPU",
+        run_keys: object = False,
     ) -> None:
         if not isinstance(pool, BlockPool):
             raise InvalidArgumentError(f"pool must be a BlockPool, got {pool!r}")
@@ -118,13 +128,21 @@ class KvManager:
             )
         if medium is not None and type(medium) is not str:
             raise InvalidArgumentError(f"medium must be a str or None, got {medium!r}")
+        if type(run_keys) is not bool:
+            raise InvalidArgumentError(f"run_keys must be a bool, got {run_keys!r}")
+        if run_keys and enable_kv_cache_events:
+            raise InvalidArgumentError(
+                "run_keys needs enable_kv_cache_events=False: events carry Dynamo's hashes"
+            )
         self._pool = pool
         self._block_size = block_size
         self._caching = enable_prefix_caching
         self._medium = medium
         # Shared by every request's hasher: a prompt that repeats another's prefix is
         # looked up chunk by chunk, not hashed again (`kvpool.hashing.memo`).
-        self._memo = ChunkMemo(block_size) if enable_prefix_caching else None
+        self._run_keys = run_keys and enable_prefix_caching
+        self._memo = ChunkMemo(block_size) if enable_prefix_caching and not run_keys else None
+        self._run_memo = RunMemo(block_size) if self._run_keys else None
         self._requests: dict[str, RequestState] = {}
         self._events: list[KVEvent] = []
         self._record_events = enable_kv_cache_events
@@ -163,6 +181,11 @@ class KvManager:
         return self._record_events
 
     @property
+    def run_keys(self) -> bool:
+        """Whether blocks are named by run keys rather than Dynamo's token hashes."""
+        return self._run_keys
+
+    @property
     def medium(self) -> str | None:
         """The ``medium`` field of the events this manager emits."""
         return self._medium
@@ -181,8 +204,11 @@ class KvManager:
         tokens = check_tokens(prompt_token_ids)
         if rid in self._requests:
             raise DuplicateRequestError(f"request {rid!r} is already registered")
-        hasher = BlockHasher(self._block_size, memo=self._memo) if self._caching else None
-        state = RequestState(hasher)
+        if self._run_memo is not None:
+            state = RequestState(None, RunKeyer(self._block_size, memo=self._run_memo))
+        else:
+            hasher = BlockHasher(self._block_size, memo=self._memo) if self._caching else None
+            state = RequestState(hasher)
         state.extend(tokens)
         self._requests[rid] = state
         return self.prefill_cost(rid)
@@ -228,10 +254,10 @@ class KvManager:
         missing to hold every token it has. Raises `UnknownRequestError`.
         """
         state = self._get(request_id)
-        needed = -(-len(state.tokens) // self._block_size)
+        needed = -(-state.num_tokens // self._block_size)
         if state.table:
             return PrefillCost(0, 0, max(0, needed - len(state.table)))
-        if not self._caching or not state.tokens:
+        if not self._caching or not state.num_tokens:
             return PrefillCost(0, 0, needed)
         cached, active = self._pool.match_prefix(state.hashes, self._prefix_limit(state))
         return PrefillCost(cached, active, max(0, needed - cached))
@@ -370,7 +396,7 @@ class KvManager:
 
     def _check_step(
         self, slots: Sequence[SlotRequest], earlier: dict[str, int]
-    ) -> list[tuple[RequestState, int, array[int] | None, int]]:
+    ) -> list[tuple[RequestState, int, array[int] | TokenRuns | None, int]]:
         """`allocate_steps`' checks of one step's slots, before anything changes;
         ``earlier`` (request id -> tokens appended by earlier steps' slots) grows by
         this step's."""
@@ -378,7 +404,7 @@ class KvManager:
             not isinstance(slots, Sequence) or isinstance(slots, (str, bytes))
         ):
             raise InvalidArgumentError(f"slots must be a sequence of SlotRequest, got {slots!r}")
-        checked: list[tuple[RequestState, int, array[int] | None, int]] = []
+        checked: list[tuple[RequestState, int, array[int] | TokenRuns | None, int]] = []
         seen: set[str] = set()
         several = len(slots) > 1  # one slot cannot name its request twice
         for slot in slots:
@@ -402,14 +428,14 @@ class KvManager:
 
     def _check_allocation(
         self, request_id: object, num_tokens: object, new_tokens: Sequence[int], earlier: int = 0
-    ) -> tuple[RequestState, int, array[int] | None, int]:
+    ) -> tuple[RequestState, int, array[int] | TokenRuns | None, int]:
         """`allocate`'s checks, before anything changes: the request's state, the token
         count, the ``new_tokens`` to append (None: none), the blocks the count needs;
         ``earlier`` tokens will have been appended first (`allocate_steps`)."""
         state = self._get(request_id)
         num_tokens = check_count(num_tokens, "num_tokens")
         appended = None if new_tokens == () or new_tokens == [] else check_tokens(new_tokens)
-        total = len(state.tokens) + earlier + (len(appended) if appended is not None else 0)
+        total = state.num_tokens + earlier + (len(appended) if appended is not None else 0)
         if num_tokens > total:
             raise TokenCountError(
                 f"request {request_id!r} has {total} tokens; cannot allocate for {num_tokens}"
@@ -429,7 +455,7 @@ class KvManager:
         state: RequestState,
         num_tokens: int,
         needed: int,
-        appended: array[int] | None,
+        appended: array[int] | TokenRuns | None,
         cache: bool,
     ) -> Allocation | None:
         """`allocate` after its checks (`_check_allocation`)."""
@@ -467,7 +493,7 @@ class KvManager:
             self._reuses += 1
         if not table:
             if self._caching:  # as vLLM, no prefix-cache stats without a prefix cache
-                self._query_tokens += len(state.tokens)
+                self._query_tokens += state.num_tokens
                 self._hit_tokens += len(prefix) * self._block_size
             state.computed = len(prefix) * self._block_size
             state.visible = len(prefix)
@@ -526,10 +552,10 @@ class KvManager:
                 f"request {request_id!r} has {state.computed} computed tokens; "
                 f"the count cannot go back to {computed}"
             )
-        limit = min(len(state.tokens), len(state.table) * self._block_size)
+        limit = min(state.num_tokens, len(state.table) * self._block_size)
         if computed > limit:
             raise TokenCountError(
-                f"request {request_id!r} has {len(state.tokens)} tokens in "
+                f"request {request_id!r} has {state.num_tokens} tokens in "
                 f"{len(state.table)} blocks; cannot mark {computed} computed"
             )
         self._advance(state, computed)
@@ -555,7 +581,7 @@ class KvManager:
 
     def num_tokens(self, request_id: object) -> int:
         """Tokens the request has (prompt plus appended). Raises `UnknownRequestError`."""
-        return len(self._get(request_id).tokens)
+        return self._get(request_id).num_tokens
 
     def num_computed_tokens(self, request_id: object) -> int:
         """The request's computed-token count. Raises `UnknownRequestError`."""
@@ -594,7 +620,7 @@ class KvManager:
             where = f"request {request_id!r}"
             _require(len(set(state.table)) == len(state.table), f"{where} repeats a block")
             _require(
-                state.computed <= min(len(state.tokens), len(state.table) * bs),
+                state.computed <= min(state.num_tokens, len(state.table) * bs),
                 f"{where} computed more tokens than it has or holds slots for",
             )
             if not self._caching:
@@ -602,7 +628,7 @@ class KvManager:
                 continue
             _require(state.visible == state.computed // bs, f"{where} watermark is stale")
             _require(
-                len(state.hashes) == len(state.tokens) // bs,
+                len(state.hashes) == state.num_tokens // bs,
                 f"{where} hashes do not match its full blocks",
             )
             # Resident, but not necessarily active: prefix_hit reports the hash's first
@@ -706,14 +732,14 @@ class KvManager:
     def _prefix_of(self, state: RequestState) -> list[int]:
         """The resident prefix a first allocation reuses: hits until the first miss,
         leaving at least the last token to compute (vLLM's ``num_tokens - 1`` cap)."""
-        if not self._caching or not state.tokens:
+        if not self._caching or not state.num_tokens:
             return []
         cached, _ = self._pool.match_prefix(state.hashes, self._prefix_limit(state))
         return state.hashes[:cached]
 
     def _prefix_limit(self, state: RequestState) -> int:
         """At most this many leading blocks are reused: the last token is always computed."""
-        return (len(state.tokens) - 1) // self._block_size
+        return (state.num_tokens - 1) // self._block_size
 
     def _advance(self, state: RequestState, computed: int) -> None:
         """Raise the computed count to ``computed`` (checked by the caller: it fits the

@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 
 from kvpool.hashing import BlockHasher
+from kvpool.hashing.runs import RunKeyer, TokenRuns
 from kvpool.manager.validation import TOKEN_TYPECODE
 from kvpool.pool import BlockId
 
@@ -19,27 +20,40 @@ class RequestState:
     - With prefix caching on, the first ``visible`` table blocks are cached copies of
       ``hashes[:visible]`` and the rest are private, with ``visible == computed // bs``
       (the visibility watermark). With it off, ``visible`` stays 0 and nothing is hashed.
+    - ``num_tokens`` counts the tokens; ``tokens`` holds them, except with a `RunKeyer`
+      (a manager with ``run_keys``), which needs no token and keeps none (``tokens``
+      then stays empty).
     """
 
-    __slots__ = ("computed", "hasher", "table", "tokens", "visible")
+    __slots__ = ("computed", "hasher", "keyer", "num_tokens", "table", "tokens", "visible")
 
-    def __init__(self, hasher: BlockHasher | None) -> None:
+    def __init__(self, hasher: BlockHasher | None, keyer: RunKeyer | None = None) -> None:
         self.tokens: array[int] = array(TOKEN_TYPECODE)  # u32: 4 bytes a token
         self.hasher = hasher
+        self.keyer = keyer
+        self.num_tokens = 0
         self.table: list[BlockId] = []
         self.computed = 0
         self.visible = 0
 
     @property
     def hashes(self) -> list[int]:
-        """Sequence hashes of every full block of ``tokens`` (empty when not hashing)."""
+        """Sequence hashes (or run keys) of every full block (empty when not hashing)."""
+        if self.keyer is not None:
+            return self.keyer.hashes
         return self.hasher.hashes if self.hasher is not None else []
 
-    def extend(self, tokens: array[int]) -> None:
-        """Append already-validated tokens and hash the blocks they complete."""
-        self.tokens.extend(tokens)
+    def extend(self, tokens: array[int] | TokenRuns) -> None:
+        """Append already-validated tokens and hash (or key) the blocks they complete."""
+        self.num_tokens += len(tokens)
+        keyer = self.keyer
+        if keyer is not None:
+            keyer.extend(tokens if isinstance(tokens, TokenRuns) else TokenRuns.from_tokens(tokens))
+            return
+        packed = tokens.to_array() if isinstance(tokens, TokenRuns) else tokens
+        self.tokens.extend(packed)
         if self.hasher is not None:
-            self.hasher.extend(tokens)
+            self.hasher.extend(packed)
 
     def reset(self) -> None:
         """Forget the table and the computed count (after its blocks were released)."""

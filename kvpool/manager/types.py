@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from kvpool.events import KVEvent
@@ -108,7 +110,7 @@ class SlotRequest(msgspec.Struct, frozen=True, gc=False):
 
     request_id: str
     num_tokens: int
-    new_tokens: list[int] = []
+    new_tokens: Sequence[int] = []
 
 
 class StepAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):

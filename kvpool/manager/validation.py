@@ -9,6 +9,7 @@ from typing import NoReturn
 
 from kvpool.errors import InvalidArgumentError
 from kvpool.hashing.block_hash import TOKEN_TYPECODE
+from kvpool.hashing.runs import TokenRuns
 from kvpool.pool.items import as_list
 
 
@@ -19,11 +20,14 @@ def check_request_id(request_id: object) -> str:
     return request_id
 
 
-def check_tokens(token_ids: Sequence[int]) -> array[int]:
+def check_tokens(token_ids: Sequence[int]) -> array[int] | TokenRuns:
     """Copy ``token_ids`` into a ``u32`` array, raising `InvalidArgumentError` unless each
     is an int in ``[0, 2**32)``; any run of them is accepted as the pool accepts hashes
     (`kvpool.pool.items`). The C-level conversion checks every token at once; a ``u32``
-    array needs no check and is copied whole."""
+    array needs no check and is copied whole. `TokenRuns` (immutable, checked when
+    made) is returned as it is: the manager builds its tokens only if it keeps them."""
+    if type(token_ids) is TokenRuns:
+        return token_ids
     if type(token_ids) is array and token_ids.typecode == TOKEN_TYPECODE:
         return array(TOKEN_TYPECODE, token_ids)
     try:

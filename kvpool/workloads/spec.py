@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from kvpool.hashing import TOKEN_TYPECODE
+from kvpool.hashing.runs import TokenRuns
 from kvpool.workloads.tokens import TOKEN_MASK, segment_token_array, segment_tokens
 
 _U64 = (1 << 64) - 1
@@ -85,6 +86,11 @@ class RequestSpec:
     def prompt_token_ids(self) -> list[int]:
         """The prompt's token ids, built now (a fresh list each call)."""
         return self.prompt_token_array().tolist()
+
+    def prompt_token_runs(self) -> TokenRuns:
+        """The prompt as `TokenRuns`, one run per segment: what the engine hands a KV
+        manager that keys blocks by runs (`kvpool.hashing.runs`); no token is built."""
+        return TokenRuns([(segment.seed & TOKEN_MASK, segment.length) for segment in self.prompt])
 
     def prompt_token_array(self) -> array[int]:
         """The prompt's token ids as a fresh ``u32`` array (`TOKEN_TYPECODE`): what the

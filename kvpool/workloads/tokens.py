@@ -12,6 +12,7 @@ import sys
 from array import array
 
 from kvpool.hashing import TOKEN_TYPECODE
+from kvpool.hashing.runs import TokenRuns
 
 TOKEN_MASK = (1 << 32) - 1
 """Token ids are u32."""
@@ -29,6 +30,12 @@ def segment_tokens(seed: int, length: int, start: int, stop: int) -> list[int]:
     if seed + end <= TOKEN_MASK:
         return list(range(seed + start, seed + end))
     return [(seed + j) & TOKEN_MASK for j in range(start, end)]
+
+
+def segment_runs(seed: int, length: int, start: int, stop: int) -> TokenRuns:
+    """`segment_tokens` as one `TokenRuns` run: no token is built."""
+    end = min(stop, length)
+    return TokenRuns.one((seed + start) & TOKEN_MASK, max(0, end - start))
 
 
 def segment_token_array(seed: int, length: int) -> array[int]:
@@ -52,4 +59,4 @@ def segment_token_array(seed: int, length: int) -> array[int]:
     return tokens
 
 
-__all__ = ["TOKEN_MASK", "segment_token_array", "segment_tokens"]
+__all__ = ["TOKEN_MASK", "segment_runs", "segment_token_array", "segment_tokens"]
