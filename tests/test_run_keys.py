@@ -1,0 +1,205 @@
+"""Run keys (`kvpool.hashing.runs`): blocks named from their token runs, with no token
+built, give the same cache as Dynamo's token hashes: same reports, same records."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from array import array
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvpool.engine import EngineConfig, LocalKvClient
+from kvpool.engine.kv_client import KvClient
+from kvpool.engine.runner import open_local_kv, run_simulation
+from kvpool.errors import InvalidArgumentError
+from kvpool.hashing import TOKEN_TYPECODE
+from kvpool.hashing.runs import RunKeyer, RunMemo, TokenRuns
+from kvpool.manager import KvManager
+from kvpool.pool import BlockPool
+from kvpool.workloads import RequestSpec, parse_mooncake_lines
+
+MASK = (1 << 32) - 1
+
+
+def _tokens(runs: list[tuple[int, int]]) -> list[int]:
+    return [(start + j) & MASK for start, length in runs for j in range(length)]
+
+
+runs_strategy = st.lists(
+    st.tuples(st.sampled_from([0, 5, 16, 40, MASK - 3, MASK]), st.integers(0, 40)),
+    max_size=6,
+)
+
+
+@given(runs=runs_strategy, cut=st.integers(0, 200), block_size=st.sampled_from([1, 3, 4, 16]))
+def test_keys_depend_on_the_tokens_only_however_the_runs_are_cut(
+    runs: list[tuple[int, int]], cut: int, block_size: int
+) -> None:
+    tokens = _tokens(runs)
+    whole = RunKeyer(block_size)
+    whole.extend(TokenRuns(runs))
+    # the same tokens fed one by one, and in two pieces at an arbitrary cut, with a memo
+    single = RunKeyer(block_size)
+    for token in tokens:
+        single.extend(TokenRuns([(token, 1)]))
+    split = RunKeyer(block_size, memo=RunMemo(block_size))
+    split.extend(TokenRuns.from_tokens(tokens[:cut]))
+    split.extend(TokenRuns.from_tokens(tokens[cut:]))
+    assert whole.hashes == single.hashes == split.hashes
+    assert len(whole.hashes) == len(tokens) // block_size
+    assert list(TokenRuns(runs)) == tokens == TokenRuns(runs).to_array().tolist()
+
+
+@given(
+    a=st.lists(st.integers(0, 6), min_size=4, max_size=24),
+    b=st.lists(st.integers(0, 6), min_size=4, max_size=24),
+    block_size=st.sampled_from([1, 2, 4]),
+)
+def test_two_sequences_share_a_key_exactly_when_they_share_the_prefix(
+    a: list[int], b: list[int], block_size: int
+) -> None:
+    keys = []
+    for tokens in (a, b):
+        keyer = RunKeyer(block_size)
+        keyer.extend(TokenRuns.from_tokens(tokens))
+        keys.append(keyer.hashes)
+    for i in range(min(len(keys[0]), len(keys[1]))):
+        end = (i + 1) * block_size
+        assert (keys[0][i] == keys[1][i]) == (a[:end] == b[:end])
+
+
+def test_token_runs_are_checked() -> None:
+    for bad in ([(1 << 32, 1)], [(-1, 1)], [(0, -1)], [(0, 1, 2)], [[0, 1]]):
+        with pytest.raises(InvalidArgumentError):
+            TokenRuns(bad)  # type: ignore[arg-type]
+    runs = TokenRuns([(MASK, 3), (7, 0)])
+    assert list(runs) == [MASK, 0, 1]
+    assert len(runs) == 3
+    assert runs[-1] == 1
+    assert runs[1:] == [0, 1]
+    with pytest.raises(IndexError):
+        runs[3]
+
+
+def test_run_keys_need_events_off() -> None:
+    with pytest.raises(InvalidArgumentError, match="run_keys"):
+        KvManager(BlockPool(4), 4, run_keys=True)
+    with pytest.raises(InvalidArgumentError, match="run_keys"):
+        KvManager(BlockPool(4), 4, enable_kv_cache_events=False, run_keys=1)
+
+
+def test_a_run_keyed_manager_takes_plain_tokens_too() -> None:
+    """Any caller's tokens (a list, an array, runs) name the same blocks."""
+    keyed = KvManager(BlockPool(16), 4, enable_kv_cache_events=False, run_keys=True)
+    prompt = [9, 10, 11, 12, 13, 3, 3, 3, 4, 5]
+    keyed.add_request("list", prompt)
+    keyed.add_request("array", array(TOKEN_TYPECODE, prompt))
+    keyed.add_request("runs", TokenRuns([(9, 5), (3, 1), (3, 1), (3, 3)]))
+    assert keyed.block_hashes("list") == keyed.block_hashes("array") == keyed.block_hashes("runs")
+    assert keyed.num_tokens("runs") == 10
+    keyed.allocate("list", 10, cache=True)
+    cost = keyed.prefill_cost("runs")
+    assert (cost.cached_blocks, cost.active_cached_blocks) == (2, 2)
+    keyed.append_tokens("list", [6, 7])
+    keyed.append_tokens("runs", TokenRuns([(6, 2)]))
+    assert keyed.block_hashes("list") == keyed.block_hashes("runs")
+    keyed.check_invariants()
+
+
+# ---------------------------------------------------------------- whole runs
+
+
+@st.composite
+def traces(draw: st.DrawFn) -> tuple[list[str], int]:
+    """Mooncake lines: conversations that extend earlier prompts' hash ids, prefixes of
+    earlier prompts, ids reused after another prefix or at another length (a shorter
+    last block)."""
+    trace_block = draw(st.sampled_from([4, 8, 16]))
+    lines = []
+    histories: list[list[int]] = [[]]
+    next_id = 100
+    clock = 0
+    for _ in range(draw(st.integers(1, 14))):
+        base = list(draw(st.sampled_from(histories)))
+        fresh = draw(st.integers(0 if base else 1, 4))
+        ids = base + list(range(next_id, next_id + fresh))
+        next_id += fresh
+        if draw(st.booleans()):  # an id seen before, after another prefix: another block
+            ids.append(draw(st.integers(100, next_id - 1)))
+        if draw(st.booleans()) and len(ids) > 1:
+            ids = ids[: draw(st.integers(1, len(ids)))]  # a prefix of an earlier prompt
+        last = draw(st.integers(1, trace_block))
+        input_length = (len(ids) - 1) * trace_block + last
+        clock += draw(st.integers(0, 40))
+        lines.append(
+            json.dumps(
+                {
+                    "timestamp": clock,
+                    "input_length": input_length,
+                    "output_length": draw(st.integers(1, 3 * trace_block)),
+                    "hash_ids": ids,
+                }
+            )
+        )
+        histories.append(ids)
+    return lines, trace_block
+
+
+@st.composite
+def trace_configs(draw: st.DrawFn) -> EngineConfig:
+    block_size = draw(st.sampled_from([1, 2, 4, 3]))  # 3: blocks straddle hash ids
+    return EngineConfig(
+        num_gpu_blocks=draw(st.integers(12, 120)),
+        block_size=block_size,
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_num_batched_tokens=draw(st.integers(16, 96)),
+        enable_chunked_prefill=draw(st.booleans()),
+        preemption_mode=draw(st.sampled_from(["lifo", "fifo"])),
+        enable_kv_cache_events=False,
+    )
+
+
+@asynccontextmanager
+async def open_token_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[KvClient]:
+    """`open_local_kv` with Dynamo's token hashes (the manager builds every token)."""
+    yield LocalKvClient.create(
+        config.num_gpu_blocks, config.block_size, enable_kv_cache_events=False
+    )
+
+
+async def _simulate(
+    requests: list[RequestSpec], config: EngineConfig, *, tokens: bool, fast_forward: bool
+) -> tuple[bytes, list[bytes]]:
+    factory = open_token_kv if tokens else open_local_kv
+    run = await run_simulation(requests, config, kv_factory=factory, fast_forward=fast_forward)
+    keyed = [engine.kv for engine in run.engines]
+    assert all(isinstance(kv, LocalKvClient) for kv in keyed)
+    assert {kv.manager.run_keys for kv in keyed if isinstance(kv, LocalKvClient)} == {not tokens}
+    report = msgspec.structs.replace(run.report, wall_s=0.0, requests_per_wall_s=0.0)
+    records = [msgspec.json.encode(r) for engine in run.engines for r in engine.stats.requests]
+    return msgspec.json.encode(report), records
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=traces(), config=trace_configs(), fast_forward=st.booleans())
+def test_run_keys_give_the_reports_token_hashes_give(
+    trace: tuple[list[str], int], config: EngineConfig, fast_forward: bool
+) -> None:
+    lines, trace_block = trace
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a TraceWarning for an id reused at another length
+        requests = parse_mooncake_lines(lines, trace_block_size=trace_block)
+
+    async def both() -> None:
+        keyed = await _simulate(requests, config, tokens=False, fast_forward=fast_forward)
+        hashed = await _simulate(requests, config, tokens=True, fast_forward=fast_forward)
+        assert keyed == hashed
+
+    anyio.run(both)
