@@ -19,7 +19,7 @@ from kvpool.engine import EngineConfig, LocalKvClient
 from kvpool.engine.kv_client import KvClient
 from kvpool.engine.runner import open_local_kv, run_simulation
 from kvpool.errors import InvalidArgumentError
-from kvpool.hashing import TOKEN_TYPECODE
+from kvpool.hashing import TOKEN_TYPECODE, BlockHasher, block_hashes
 from kvpool.hashing.runs import RunKeyer, RunMemo, TokenRuns
 from kvpool.manager import KvManager
 from kvpool.pool import BlockPool
@@ -73,6 +73,22 @@ def test_two_sequences_share_a_key_exactly_when_they_share_the_prefix(
     for i in range(min(len(keys[0]), len(keys[1]))):
         end = (i + 1) * block_size
         assert (keys[0][i] == keys[1][i]) == (a[:end] == b[:end])
+
+
+@given(runs=runs_strategy, cut=st.integers(0, 200), block_size=st.sampled_from([1, 3, 4, 16]))
+def test_runs_hashed_through_the_memo_are_dynamos_hashes(
+    runs: list[tuple[int, int]], cut: int, block_size: int
+) -> None:
+    tokens = _tokens(runs)
+    memo = RunMemo(block_size)
+    for _ in range(2):  # the second pass is answered by the memo
+        hasher = BlockHasher(block_size)
+        first = TokenRuns.from_tokens(tokens[:cut])
+        last = TokenRuns.from_tokens(tokens[cut + 5 :])
+        new = hasher.extend_runs(first, first.to_array(), memo)
+        new += hasher.extend(tokens[cut : cut + 5])  # plain tokens between runs
+        new += hasher.extend_runs(last, last.to_array(), memo)
+        assert hasher.hashes == new == block_hashes(tokens, block_size)
 
 
 def test_token_runs_are_checked() -> None:

@@ -193,10 +193,11 @@ class MockEngine:
         # The queue head's cost as the last KV call that changed the cache answered it
         # (a probe), or None: a jump that watches the head needs no query of its own.
         self._head_cost: tuple[str, PrefillCost] | None = None
-        # With KV events off no hash leaves the process: prompts go to the manager as
-        # runs (`TokenRuns`, no token built), which a manager with ``run_keys`` keys
-        # without building them (any other manager builds them: the same cache either way).
-        self._runs = config.enable_prefix_caching and not config.enable_kv_cache_events
+        # Prompts go to the manager as runs (`TokenRuns`): a manager with ``run_keys``
+        # (KV events off: no hash leaves the process) names their blocks without a token
+        # built; one with Dynamo's hashes hashes each run's blocks once (a memo by
+        # chain), and gets the tokens built here when events (which carry them) are on.
+        self._with_tokens = config.enable_kv_cache_events
 
     def __repr__(self) -> str:
         return (
@@ -267,7 +268,7 @@ class MockEngine:
             self.rejected_ids.append(spec.request_id)
             stats.requests.append(EngineRequest(spec, arrived).record(self.rank, rejected=True))
             return False
-        prompt = spec.prompt_token_runs() if self._runs else spec.prompt_token_array()
+        prompt = spec.prompt_token_runs(with_tokens=self._with_tokens)
         cost = await self.kv.add_request(spec.request_id, prompt)
         stats.submitted += 1
         if not self.waiting and self.config.enable_prefix_caching:

@@ -8,6 +8,7 @@ and the last sequence hash, so each token is packed and hashed exactly once; wit
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from kvpool.errors import InvalidArgumentError
@@ -18,6 +19,7 @@ from kvpool.hashing.block_hash import (
     pack_tokens,
 )
 from kvpool.hashing.memo import ChunkMemo
+from kvpool.hashing.runs import TOKEN_MASK, RunMemo, TokenRuns
 
 
 class BlockHasher:
@@ -100,6 +102,44 @@ class BlockHasher:
         self._tail = bytearray(data[full:])
         self._last = new[-1]
         self._hashes.extend(new)
+        return new
+
+    def extend_runs(self, tokens: TokenRuns, packed: array[int], memo: RunMemo) -> list[int]:
+        """`extend` with ``tokens`` (``packed``: the same tokens as a u32 array): each run's
+        whole blocks are hashed once per (parent, start, blocks) and looked up in
+        ``memo`` after that, so a prefix that many prompts repeat is hashed once. The
+        hashes are `extend`'s (Dynamo's); only the work differs."""
+        if memo.block_size != self._block_size:
+            raise InvalidArgumentError(
+                f"the memo names {memo.block_size}-token blocks, not {self._block_size}"
+            )
+        bs = self._block_size
+        new: list[int] = []
+        pos = 0
+        for start, length in tokens.runs:
+            need = -self._num_tokens % bs  # tokens still missing from the partial block
+            if need:
+                take = min(need, length)
+                new.extend(self.extend(packed[pos : pos + take]))
+                pos += take
+                start = (start + take) & TOKEN_MASK
+                length -= take
+            full = length // bs
+            if full:
+                hashes = memo.get(self._last, start, full)
+                if hashes is None:
+                    data = pack_tokens(packed[pos : pos + full * bs])
+                    hashes = hash_packed_blocks(data, bs, self._last)
+                    memo.put(self._last, start, full, hashes)
+                self._hashes.extend(hashes)
+                new.extend(hashes)
+                self._last = hashes[-1]
+                self._num_tokens += full * bs
+                pos += full * bs
+                length -= full * bs
+            if length:
+                new.extend(self.extend(packed[pos : pos + length]))
+                pos += length
         return new
 
     def _hash_chunked(self, view: memoryview, memo: ChunkMemo) -> list[int]:

@@ -44,11 +44,15 @@ class TokenRuns(Sequence[int]):
     for ``j < length``, run after run. Immutable; a `Sequence` of its tokens, so any
     caller that takes token ids takes it (indexing builds a token; `to_array` all)."""
 
-    __slots__ = ("_len", "runs")
+    __slots__ = ("_len", "_tokens", "runs")
 
-    def __init__(self, runs: Sequence[tuple[int, int]]) -> None:
+    def __init__(
+        self, runs: Sequence[tuple[int, int]], *, tokens: array[int] | None = None
+    ) -> None:
         """Raises `InvalidArgumentError` unless each run is a pair of ints, a start in
-        ``[0, 2**32)`` and a length ``>= 0`` (empty runs are dropped)."""
+        ``[0, 2**32)`` and a length ``>= 0`` (empty runs are dropped). ``tokens``, if
+        given, must be the runs' tokens as a u32 array, built already (a workload's
+        cached segments): `to_array` then copies it instead of building them."""
         kept: list[tuple[int, int]] = []
         total = 0
         for run in runs:
@@ -64,6 +68,9 @@ class TokenRuns(Sequence[int]):
                 total += length
         self.runs: tuple[tuple[int, int], ...] = tuple(kept)
         self._len = total
+        if tokens is not None and len(tokens) != total:
+            raise InvalidArgumentError(f"{len(tokens)} tokens given for runs of {total}")
+        self._tokens = tokens
 
     @classmethod
     def one(cls, start: int, length: int) -> TokenRuns:
@@ -72,6 +79,7 @@ class TokenRuns(Sequence[int]):
         runs = cls.__new__(cls)
         runs.runs = ((start, length),) if length else ()
         runs._len = length
+        runs._tokens = None
         return runs
 
     @classmethod
@@ -131,6 +139,8 @@ class TokenRuns(Sequence[int]):
 
     def to_array(self) -> array[int]:
         """The tokens as a fresh ``u32`` array (`TOKEN_TYPECODE`)."""
+        if self._tokens is not None:
+            return array(TOKEN_TYPECODE, self._tokens)
         tokens = array(TOKEN_TYPECODE)
         for start, length in self.runs:
             if start + length <= TOKEN_MASK + 1:
@@ -243,8 +253,8 @@ def _run_keys(parent: int, start: int, blocks: int, block_size: int) -> list[int
 
 
 class RunMemo:
-    """Keys of whole runs of full blocks, by (parent key, start token, blocks): a prefix
-    many prompts repeat is keyed once. Least recently used entries go first."""
+    """Names of whole runs of full blocks, by (parent name, start token, blocks): a
+    prefix many prompts repeat is named once. Least recently used entries go first."""
 
     __slots__ = ("_block_size", "_entries", "_max_entries")
 
@@ -252,7 +262,7 @@ class RunMemo:
         check_block_size(block_size)
         self._block_size = block_size
         self._max_entries = max_entries
-        self._entries: OrderedDict[tuple[int, int, int], list[int]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int | None, int, int], list[int]] = OrderedDict()
 
     @property
     def block_size(self) -> int:
@@ -264,17 +274,28 @@ class RunMemo:
 
     def run_keys(self, parent: int, start: int, blocks: int) -> list[int]:
         """`_run_keys`, remembered (the caller must not change the list)."""
+        keys = self.get(parent, start, blocks)
+        if keys is None:
+            keys = _run_keys(parent, start, blocks, self._block_size)
+            self.put(parent, start, blocks, keys)
+        return keys
+
+    def get(self, parent: int | None, start: int, blocks: int) -> list[int] | None:
+        """The names remembered for ``blocks`` full blocks of the run from token
+        ``start`` chained after ``parent``, or None."""
         entry = (parent, start, blocks)
-        entries = self._entries
-        keys = entries.get(entry)
+        keys = self._entries.get(entry)
         if keys is not None:
-            entries.move_to_end(entry)
-            return keys
-        keys = _run_keys(parent, start, blocks, self._block_size)
+            self._entries.move_to_end(entry)
+        return keys
+
+    def put(self, parent: int | None, start: int, blocks: int, names: list[int]) -> None:
+        """Remember ``names`` for `get` (one memo holds one kind of name: run keys, or
+        Dynamo's hashes for `kvpool.hashing.BlockHasher.extend_runs`)."""
+        entries = self._entries
         if len(entries) >= self._max_entries:
             entries.popitem(last=False)
-        entries[entry] = keys
-        return keys
+        entries[(parent, start, blocks)] = names
 
 
 __all__ = ["MAX_RUN_ENTRIES", "ROOT_KEY", "RunKeyer", "RunMemo", "TokenRuns"]

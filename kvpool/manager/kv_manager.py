@@ -142,7 +142,9 @@ class KvManager:
         # looked up chunk by chunk, not hashed again (`kvpool.hashing.memo`).
         self._run_keys = run_keys and enable_prefix_caching
         self._memo = ChunkMemo(block_size) if enable_prefix_caching and not run_keys else None
-        self._run_memo = RunMemo(block_size) if self._run_keys else None
+        # Runs' names (run keys, or token hashes of `TokenRuns` prompts), shared by
+        # every request: a prefix many prompts repeat is named once.
+        self._run_memo = RunMemo(block_size) if enable_prefix_caching else None
         self._requests: dict[str, RequestState] = {}
         self._events: list[KVEvent] = []
         self._record_events = enable_kv_cache_events
@@ -204,11 +206,11 @@ class KvManager:
         tokens = check_tokens(prompt_token_ids)
         if rid in self._requests:
             raise DuplicateRequestError(f"request {rid!r} is already registered")
-        if self._run_memo is not None:
+        if self._run_keys:
             state = RequestState(None, RunKeyer(self._block_size, memo=self._run_memo))
         else:
             hasher = BlockHasher(self._block_size, memo=self._memo) if self._caching else None
-            state = RequestState(hasher)
+            state = RequestState(hasher, None, self._run_memo)
         state.extend(tokens)
         self._requests[rid] = state
         return self.prefill_cost(rid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 
 from kvpool.hashing import BlockHasher
-from kvpool.hashing.runs import RunKeyer, TokenRuns
+from kvpool.hashing.runs import RunKeyer, RunMemo, TokenRuns
 from kvpool.manager.validation import TOKEN_TYPECODE
 from kvpool.pool import BlockId
 
@@ -25,12 +25,27 @@ class RequestState:
       then stays empty).
     """
 
-    __slots__ = ("computed", "hasher", "keyer", "num_tokens", "table", "tokens", "visible")
+    __slots__ = (
+        "computed",
+        "hasher",
+        "keyer",
+        "num_tokens",
+        "run_memo",
+        "table",
+        "tokens",
+        "visible",
+    )
 
-    def __init__(self, hasher: BlockHasher | None, keyer: RunKeyer | None = None) -> None:
+    def __init__(
+        self,
+        hasher: BlockHasher | None,
+        keyer: RunKeyer | None = None,
+        run_memo: RunMemo | None = None,
+    ) -> None:
         self.tokens: array[int] = array(TOKEN_TYPECODE)  # u32: 4 bytes a token
         self.hasher = hasher
         self.keyer = keyer
+        self.run_memo = run_memo  # with a hasher: runs' hashes, shared by the manager
         self.num_tokens = 0
         self.table: list[BlockId] = []
         self.computed = 0
@@ -50,10 +65,18 @@ class RequestState:
         if keyer is not None:
             keyer.extend(tokens if isinstance(tokens, TokenRuns) else TokenRuns.from_tokens(tokens))
             return
-        packed = tokens.to_array() if isinstance(tokens, TokenRuns) else tokens
-        self.tokens.extend(packed)
+        if isinstance(tokens, TokenRuns):
+            packed = tokens.to_array()
+            self.tokens.extend(packed)
+            if self.hasher is not None:
+                if self.run_memo is not None:
+                    self.hasher.extend_runs(tokens, packed, self.run_memo)
+                else:
+                    self.hasher.extend(packed)
+            return
+        self.tokens.extend(tokens)
         if self.hasher is not None:
-            self.hasher.extend(packed)
+            self.hasher.extend(tokens)
 
     def reset(self) -> None:
         """Forget the table and the computed count (after its blocks were released)."""

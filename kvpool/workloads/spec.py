@@ -87,10 +87,12 @@ class RequestSpec:
         """The prompt's token ids, built now (a fresh list each call)."""
         return self.prompt_token_array().tolist()
 
-    def prompt_token_runs(self) -> TokenRuns:
+    def prompt_token_runs(self, *, with_tokens: bool = False) -> TokenRuns:
         """The prompt as `TokenRuns`, one run per segment: what the engine hands a KV
-        manager that keys blocks by runs (`kvpool.hashing.runs`); no token is built."""
-        return TokenRuns([(segment.seed & TOKEN_MASK, segment.length) for segment in self.prompt])
+        manager that keys blocks by runs (`kvpool.hashing.runs`); no token is built,
+        unless ``with_tokens`` (for a manager that keeps them: events carry them)."""
+        runs = [(segment.seed & TOKEN_MASK, segment.length) for segment in self.prompt]
+        return TokenRuns(runs, tokens=self.prompt_token_array() if with_tokens else None)
 
     def prompt_token_array(self) -> array[int]:
         """The prompt's token ids as a fresh ``u32`` array (`TOKEN_TYPECODE`): what the
