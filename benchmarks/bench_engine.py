@@ -82,7 +82,7 @@ from typing import Any, cast
 import anyio
 from build_info import REPO, describe_build  # benchmarks/ is the script's path
 
-from kvpool.engine import EngineConfig, KvClient, TimedKvClient, TimingModel
+from kvpool.engine import EngineConfig, KvClient, LocalKvClient, TimedKvClient, TimingModel
 from kvpool.engine.report import WorkerReport
 from kvpool.engine.runner import KV_BACKENDS, KvFactory, SimulationRun, run_simulation
 from kvpool.workloads import MooncakeTrace, RequestSpec, default_workload
@@ -454,6 +454,26 @@ def row(label: str, timed: Timed, note: str = "") -> None:
     )
 
 
+def naming_row(clients: list[KvClient], total: WorkerReport) -> None:
+    """How the run named its blocks: run keys (no token built) or Dynamo's hashes, and
+    how much its run memo (`kvpool.hashing.runs.RunMemo`) saved."""
+    for kv in clients:
+        if not isinstance(kv, LocalKvClient):
+            continue
+        manager = kv.manager
+        memo = manager._run_memo  # a benchmark looks inside
+        scheme = "run keys, no token built" if manager.run_keys else "Dynamo's token hashes"
+        if memo is None:
+            print(f"  blocks named by {scheme}")
+            continue
+        tokens = total.prompt_tokens + total.generated_tokens
+        print(
+            f"  blocks named by {scheme}: {tokens:,} tokens ({tokens // kv.block_size:,} "
+            f"blocks) handed over; whole runs of blocks named {memo.misses:,} times "
+            f"({memo.blocks_named:,} blocks), looked up {memo.hits:,} times"
+        )
+
+
 def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: str) -> None:
     """Issue 11's multi-turn trace: fast-forward against the target, and step by step."""
     if not path.is_file():
@@ -498,8 +518,16 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
         # untimed runs, counting (local backend: the engine makes the same calls on both)
         counter = StepCounter()
         calls: Counter[str] = Counter()
+        clients: list[KvClient] = []
+        count_calls = CountingKv.wrapper(calls)
+
+        def keep(kv: KvClient) -> KvClient:
+            clients.append(kv)
+            return count_calls(kv)
+
         with counter:
-            run_trace(trace, config, "local", True, CountingKv.wrapper(calls))
+            run_trace(trace, config, "local", True, keep)
+        naming_row(clients, fast_total)
         total = fast_total
         if counter.ok:
             print(

@@ -24,6 +24,7 @@ from kvpool.hashing.runs import RunKeyer, RunMemo, TokenRuns
 from kvpool.manager import KvManager
 from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, parse_mooncake_lines
+from kvpool.workloads.tokens import segment_span, segment_tokens
 
 MASK = (1 << 32) - 1
 
@@ -104,6 +105,17 @@ def test_token_runs_are_checked() -> None:
         runs[3]
 
 
+@given(
+    seed=st.sampled_from([0, 7, MASK - 5, MASK]),
+    length=st.integers(1, 12),
+    start=st.integers(0, 12),
+    stop=st.integers(0, 14),
+)
+def test_a_segment_span_is_its_tokens(seed: int, length: int, start: int, stop: int) -> None:
+    span = segment_span(seed, length, start, stop)
+    assert list(span) == segment_tokens(seed, length, start, stop)
+
+
 def test_run_keys_need_events_off() -> None:
     with pytest.raises(InvalidArgumentError, match="run_keys"):
         KvManager(BlockPool(4), 4, run_keys=True)
@@ -125,7 +137,11 @@ def test_a_run_keyed_manager_takes_plain_tokens_too() -> None:
     assert (cost.cached_blocks, cost.active_cached_blocks) == (2, 2)
     keyed.append_tokens("list", [6, 7])
     keyed.append_tokens("runs", TokenRuns([(6, 2)]))
-    assert keyed.block_hashes("list") == keyed.block_hashes("runs")
+    keyed.append_tokens("array", range(6, 8))
+    assert keyed.block_hashes("list") == keyed.block_hashes("runs") == keyed.block_hashes("array")
+    with pytest.raises(InvalidArgumentError):
+        keyed.append_tokens("list", range(MASK, MASK + 2))  # not u32: refused, as a list is
+    assert keyed.num_tokens("list") == 12
     keyed.check_invariants()
 
 

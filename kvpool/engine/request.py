@@ -8,9 +8,8 @@ every step; it runs interpreted just the same.
 from __future__ import annotations
 
 from kvpool.engine.record import RequestRecord
-from kvpool.hashing.runs import TokenRuns
 from kvpool.workloads import RequestSpec
-from kvpool.workloads.tokens import segment_runs
+from kvpool.workloads.tokens import segment_span
 
 
 class EngineRequest:
@@ -66,12 +65,13 @@ class EngineRequest:
         """True if the request generated tokens the KV manager has not been told."""
         return self.num_sent < self.num_tokens - self.spec.input_length
 
-    def take_pending(self) -> TokenRuns:
-        """The generated tokens the KV manager has not been told, now counted as told: one
-        run (`TokenRuns`), so no token is built unless the manager keeps tokens."""
+    def take_pending(self) -> range | list[int]:
+        """The generated tokens the KV manager has not been told, now counted as told: a
+        ``range`` (a run: no token is built unless the manager keeps tokens), or the
+        list when the ids wrap past ``2**32``."""
         start, self.num_sent = self.num_sent, self.num_tokens - self.spec.input_length
         output = self.spec.output
-        return segment_runs(output.seed, output.length, start, self.num_sent)
+        return segment_span(output.seed, output.length, start, self.num_sent)
 
     def record(self, worker: int, *, rejected: bool = False) -> RequestRecord:
         """The request's `RequestRecord` as of now."""

@@ -18,7 +18,7 @@ from kvpool.engine.request import EngineRequest
 from kvpool.engine.timing import StepTiming, StepWork
 from kvpool.events import KVEvent
 from kvpool.manager.types import ManagerStats, SlotRequest, StepAllocations, StepUpdate
-from kvpool.workloads.tokens import segment_runs
+from kvpool.workloads.tokens import segment_span
 
 
 def needs_call(request: EngineRequest, target: int, block_size: int, caching: bool) -> bool:
@@ -370,7 +370,7 @@ def plan_crossing(
                 since = sent[index]
                 output = request.spec.output
                 new_tokens: Sequence[int] = (
-                    segment_runs(output.seed, output.length, since, told) if since < told else []
+                    segment_span(output.seed, output.length, since, told) if since < told else []
                 )
                 sent[index] = told
                 slots.append(SlotRequest(request.request_id, target, new_tokens))

@@ -73,16 +73,6 @@ class TokenRuns(Sequence[int]):
         self._tokens = tokens
 
     @classmethod
-    def one(cls, start: int, length: int) -> TokenRuns:
-        """The single run ``(start, length)``, unchecked: the caller passes a u32
-        ``start`` and a ``length >= 0`` (a decode step's tokens, built per step)."""
-        runs = cls.__new__(cls)
-        runs.runs = ((start, length),) if length else ()
-        runs._len = length
-        runs._tokens = None
-        return runs
-
-    @classmethod
     def from_tokens(cls, tokens: Sequence[int]) -> TokenRuns:
         """The maximal runs of already-validated u32 ``tokens`` (one pass over them)."""
         runs: list[tuple[int, int]] = []
@@ -125,14 +115,6 @@ class TokenRuns(Sequence[int]):
         for start, length in self.runs:
             for j in range(length):
                 yield (start + j) & TOKEN_MASK
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, TokenRuns):
-            return self._len == other._len and list(self) == list(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
 
     def __repr__(self) -> str:
         return f"TokenRuns({list(self.runs)!r})"
@@ -197,43 +179,47 @@ class RunKeyer:
 
     def extend(self, tokens: TokenRuns) -> list[int]:
         """Feed ``tokens``; return the keys of the blocks they complete."""
-        bs = self._block_size
-        new: list[int] = []
-        self._num_tokens += len(tokens)
+        before = len(self._hashes)
         for start, length in tokens.runs:
-            if self._tail_len:  # fill the partial block first
-                take = min(length, bs - self._tail_len)
-                tail = self._tail
-                if (tail[-2] + tail[-1]) & TOKEN_MASK == start:
-                    tail[-1] += take  # continues the last run: one maximal run
-                else:
-                    tail.append(start)
-                    tail.append(take)
-                self._tail_len += take
-                start = (start + take) & TOKEN_MASK
-                length -= take
-                if self._tail_len < bs:
-                    continue
-                self._last = _block_key(self._last, tail)
-                new.append(self._last)
-                self._tail = []
-                self._tail_len = 0
-            full = length // bs
-            if full:
-                memo = self._memo
-                if memo is None:
-                    keys = _run_keys(self._last, start, full, bs)
-                else:
-                    keys = memo.run_keys(self._last, start, full)
-                new.extend(keys)
-                self._last = keys[-1]
-                start = (start + full * bs) & TOKEN_MASK
-                length -= full * bs
-            if length:
-                self._tail = [start, length]
-                self._tail_len = length
-        self._hashes.extend(new)
-        return new
+            self.extend_span(start, length)
+        return self._hashes[before:]
+
+    def extend_span(self, start: int, length: int) -> None:
+        """Feed the run of ``length`` tokens from token ``start`` (a u32; ``length >=
+        0``), as `extend` would; its new keys join ``hashes``."""
+        bs = self._block_size
+        self._num_tokens += length
+        if self._tail_len:  # fill the partial block first
+            tail = self._tail
+            take = min(length, bs - self._tail_len)
+            if (tail[-2] + tail[-1]) & TOKEN_MASK == start:
+                tail[-1] += take  # continues the last run: one maximal run
+            else:
+                tail.append(start)
+                tail.append(take)
+            self._tail_len += take
+            if self._tail_len < bs:
+                return
+            self._last = _block_key(self._last, tail)
+            self._hashes.append(self._last)
+            self._tail = []
+            self._tail_len = 0
+            start = (start + take) & TOKEN_MASK
+            length -= take
+        full = length // bs
+        if full:
+            memo = self._memo
+            if memo is None:
+                keys = _run_keys(self._last, start, full, bs)
+            else:
+                keys = memo.run_keys(self._last, start, full)
+            self._hashes.extend(keys)
+            self._last = keys[-1]
+            start = (start + full * bs) & TOKEN_MASK
+            length -= full * bs
+        if length:
+            self._tail = [start, length]
+            self._tail_len = length
 
     def __repr__(self) -> str:
         return (
@@ -256,12 +242,15 @@ class RunMemo:
     """Names of whole runs of full blocks, by (parent name, start token, blocks): a
     prefix many prompts repeat is named once. Least recently used entries go first."""
 
-    __slots__ = ("_block_size", "_entries", "_max_entries")
+    __slots__ = ("_block_size", "_entries", "_max_entries", "blocks_named", "hits", "misses")
 
     def __init__(self, block_size: int, *, max_entries: int = MAX_RUN_ENTRIES) -> None:
         check_block_size(block_size)
         self._block_size = block_size
         self._max_entries = max_entries
+        self.hits = 0  # `get` calls answered
+        self.misses = 0  # `get` calls not answered (the caller names the run: `put`)
+        self.blocks_named = 0  # blocks in the runs `put` here
         self._entries: OrderedDict[tuple[int | None, int, int], list[int]] = OrderedDict()
 
     @property
@@ -285,8 +274,11 @@ class RunMemo:
         ``start`` chained after ``parent``, or None."""
         entry = (parent, start, blocks)
         keys = self._entries.get(entry)
-        if keys is not None:
-            self._entries.move_to_end(entry)
+        if keys is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(entry)
         return keys
 
     def put(self, parent: int | None, start: int, blocks: int, names: list[int]) -> None:
@@ -296,6 +288,7 @@ class RunMemo:
         if len(entries) >= self._max_entries:
             entries.popitem(last=False)
         entries[(parent, start, blocks)] = names
+        self.blocks_named += blocks
 
 
 __all__ = ["MAX_RUN_ENTRIES", "ROOT_KEY", "RunKeyer", "RunMemo", "TokenRuns"]

@@ -398,7 +398,7 @@ class KvManager:
 
     def _check_step(
         self, slots: Sequence[SlotRequest], earlier: dict[str, int]
-    ) -> list[tuple[RequestState, int, array[int] | TokenRuns | None, int]]:
+    ) -> list[tuple[RequestState, int, array[int] | TokenRuns | range | None, int]]:
         """`allocate_steps`' checks of one step's slots, before anything changes;
         ``earlier`` (request id -> tokens appended by earlier steps' slots) grows by
         this step's."""
@@ -406,7 +406,7 @@ class KvManager:
             not isinstance(slots, Sequence) or isinstance(slots, (str, bytes))
         ):
             raise InvalidArgumentError(f"slots must be a sequence of SlotRequest, got {slots!r}")
-        checked: list[tuple[RequestState, int, array[int] | TokenRuns | None, int]] = []
+        checked: list[tuple[RequestState, int, array[int] | TokenRuns | range | None, int]] = []
         seen: set[str] = set()
         several = len(slots) > 1  # one slot cannot name its request twice
         for slot in slots:
@@ -430,7 +430,7 @@ class KvManager:
 
     def _check_allocation(
         self, request_id: object, num_tokens: object, new_tokens: Sequence[int], earlier: int = 0
-    ) -> tuple[RequestState, int, array[int] | TokenRuns | None, int]:
+    ) -> tuple[RequestState, int, array[int] | TokenRuns | range | None, int]:
         """`allocate`'s checks, before anything changes: the request's state, the token
         count, the ``new_tokens`` to append (None: none), the blocks the count needs;
         ``earlier`` tokens will have been appended first (`allocate_steps`)."""
@@ -457,7 +457,7 @@ class KvManager:
         state: RequestState,
         num_tokens: int,
         needed: int,
-        appended: array[int] | TokenRuns | None,
+        appended: array[int] | TokenRuns | range | None,
         cache: bool,
     ) -> Allocation | None:
         """`allocate` after its checks (`_check_allocation`)."""

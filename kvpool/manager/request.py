@@ -58,13 +58,21 @@ class RequestState:
             return self.keyer.hashes
         return self.hasher.hashes if self.hasher is not None else []
 
-    def extend(self, tokens: array[int] | TokenRuns) -> None:
-        """Append already-validated tokens and hash (or key) the blocks they complete."""
+    def extend(self, tokens: array[int] | TokenRuns | range) -> None:
+        """Append already-validated tokens (a ``range``: a run of u32 ids, step 1) and
+        hash (or key) the blocks they complete."""
         self.num_tokens += len(tokens)
         keyer = self.keyer
         if keyer is not None:
-            keyer.extend(tokens if isinstance(tokens, TokenRuns) else TokenRuns.from_tokens(tokens))
+            if isinstance(tokens, range):
+                keyer.extend_span(tokens.start, len(tokens))
+            elif isinstance(tokens, TokenRuns):
+                keyer.extend(tokens)
+            else:
+                keyer.extend(TokenRuns.from_tokens(tokens))
             return
+        if isinstance(tokens, range):
+            tokens = array(TOKEN_TYPECODE, tokens)
         if isinstance(tokens, TokenRuns):
             packed = tokens.to_array()
             self.tokens.extend(packed)

@@ -20,13 +20,24 @@ def check_request_id(request_id: object) -> str:
     return request_id
 
 
-def check_tokens(token_ids: Sequence[int]) -> array[int] | TokenRuns:
+_TOKEN_LIMIT = 1 << 32
+
+
+def check_tokens(token_ids: Sequence[int]) -> array[int] | TokenRuns | range:
     """Copy ``token_ids`` into a ``u32`` array, raising `InvalidArgumentError` unless each
     is an int in ``[0, 2**32)``; any run of them is accepted as the pool accepts hashes
     (`kvpool.pool.items`). The C-level conversion checks every token at once; a ``u32``
     array needs no check and is copied whole. `TokenRuns` (immutable, checked when
-    made) is returned as it is: the manager builds its tokens only if it keeps them."""
+    made) is returned as it is, and a step-1 ``range`` of u32 ids as one run: the
+    manager builds their tokens only if it keeps them."""
     if type(token_ids) is TokenRuns:
+        return token_ids
+    if (  # a run of u32 ids (a decode step's tokens): kept as it is
+        type(token_ids) is range
+        and token_ids.step == 1
+        and token_ids.start >= 0
+        and token_ids.stop <= _TOKEN_LIMIT
+    ):
         return token_ids
     if type(token_ids) is array and token_ids.typecode == TOKEN_TYPECODE:
         return array(TOKEN_TYPECODE, token_ids)

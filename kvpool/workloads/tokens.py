@@ -12,7 +12,6 @@ import sys
 from array import array
 
 from kvpool.hashing import TOKEN_TYPECODE
-from kvpool.hashing.runs import TokenRuns
 
 TOKEN_MASK = (1 << 32) - 1
 """Token ids are u32."""
@@ -32,10 +31,14 @@ def segment_tokens(seed: int, length: int, start: int, stop: int) -> list[int]:
     return [(seed + j) & TOKEN_MASK for j in range(start, end)]
 
 
-def segment_runs(seed: int, length: int, start: int, stop: int) -> TokenRuns:
-    """`segment_tokens` as one `TokenRuns` run: no token is built."""
+def segment_span(seed: int, length: int, start: int, stop: int) -> range | list[int]:
+    """`segment_tokens` as a ``range`` when the ids do not wrap past ``2**32`` (the
+    common case: no token is built; a manager takes a range as a run), else as the list."""
+    seed &= TOKEN_MASK
     end = min(stop, length)
-    return TokenRuns.one((seed + start) & TOKEN_MASK, max(0, end - start))
+    if seed + end <= TOKEN_MASK + 1:
+        return range(seed + start, seed + max(start, end))
+    return segment_tokens(seed, length, start, stop)
 
 
 def segment_token_array(seed: int, length: int) -> array[int]:
@@ -59,4 +62,4 @@ def segment_token_array(seed: int, length: int) -> array[int]:
     return tokens
 
 
-__all__ = ["TOKEN_MASK", "segment_runs", "segment_token_array", "segment_tokens"]
+__all__ = ["TOKEN_MASK", "segment_span", "segment_token_array", "segment_tokens"]
