@@ -14,6 +14,7 @@ CORE = [
     "kvpool/pool/block_pool.py",
     "kvpool/pool/copy.py",
     "kvpool/pool/types.py",
+    "kvpool/hashing/run_keys.py",
     "kvpool/engine/metrics.py",
     "kvpool/engine/request.py",
     "kvpool/engine/stepping.py",

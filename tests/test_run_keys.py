@@ -20,7 +20,8 @@ from kvpool.engine.kv_client import KvClient
 from kvpool.engine.runner import open_local_kv, run_simulation
 from kvpool.errors import InvalidArgumentError
 from kvpool.hashing import TOKEN_TYPECODE, BlockHasher, block_hashes
-from kvpool.hashing.runs import RunKeyer, RunMemo, TokenRuns
+from kvpool.hashing.run_keys import RunKeyer, RunMemo
+from kvpool.hashing.runs import TokenRuns
 from kvpool.manager import KvManager
 from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, parse_mooncake_lines

@@ -19,7 +19,8 @@ from kvpool.hashing.block_hash import (
     pack_tokens,
 )
 from kvpool.hashing.memo import ChunkMemo
-from kvpool.hashing.runs import TOKEN_MASK, RunMemo, TokenRuns
+from kvpool.hashing.run_keys import RunMemo
+from kvpool.hashing.runs import TOKEN_MASK, TokenRuns
 
 
 class BlockHasher:

@@ -57,7 +57,8 @@ from kvpool.errors import (
 )
 from kvpool.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
 from kvpool.hashing import BlockHasher, ChunkMemo
-from kvpool.hashing.runs import RunKeyer, RunMemo, TokenRuns
+from kvpool.hashing.run_keys import RunKeyer, RunMemo
+from kvpool.hashing.runs import TokenRuns
 from kvpool.manager.request import RequestState
 from kvpool.manager.types import (
     Allocation,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from array import array
 
 from kvpool.hashing import BlockHasher
-from kvpool.hashing.runs import RunKeyer, RunMemo, TokenRuns
+from kvpool.hashing.run_keys import RunKeyer, RunMemo
+from kvpool.hashing.runs import TokenRuns
 from kvpool.manager.validation import TOKEN_TYPECODE
 from kvpool.pool import BlockId
 

@@ -1,0 +1,189 @@
+"""Cheap chained block keys of token runs (`kvpool.hashing.runs` says why): the
+`RunKeyer` a manager with ``run_keys`` names its blocks with, and the `RunMemo` of whole
+runs' names it shares across requests.
+
+setup.py compiles this module with mypyc (a decode step feeds a request's keyer once per
+step); it runs interpreted just the same.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+
+import xxhash
+
+from kvpool.errors import InvalidArgumentError
+from kvpool.hashing.block_hash import check_block_size
+from kvpool.hashing.runs import TOKEN_MASK, TokenRuns
+
+ROOT_KEY = 0x6B76706F6F6C2D31
+"""The parent key of a sequence's first block (any constant: keys never leave the process)."""
+MAX_RUN_ENTRIES = 16_384
+"""Runs remembered by a `RunKeyer`'s memo (a list of keys each)."""
+
+_xxh3 = xxhash.xxh3_64_intdigest
+_SEED = 0x4B4559  # keeps keys apart from Dynamo's seed-1337 hashes (not required: hygiene)
+_pack_one = struct.Struct("<QII").pack
+
+
+def _block_key(parent: int, pieces: list[int]) -> int:
+    """The key of a block after ``parent`` whose tokens are the maximal runs
+    ``pieces`` (flat: start, length, start, length, ...)."""
+    if len(pieces) == 2:
+        return _xxh3(_pack_one(parent, pieces[0], pieces[1]), _SEED)
+    return _xxh3(struct.pack(f"<Q{len(pieces)}I", parent, *pieces), _SEED)
+
+
+class RunKeyer:
+    """Chained keys of a growing token sequence fed as runs, one per full block: the
+    `kvpool.hashing.BlockHasher` of a manager with ``run_keys``.
+
+    Invariant: ``hashes`` holds one key per full block so far; ``_tail`` the maximal runs
+    (flat pairs) of the tokens after the last full block, ``_tail_len`` their count.
+    Two sequences get the same key for block ``i`` exactly when their tokens up to the
+    end of block ``i`` are equal (up to a 64-bit collision, as with any hash).
+    """
+
+    __slots__ = ("_block_size", "_hashes", "_last", "_memo", "_num_tokens", "_tail", "_tail_len")
+
+    def __init__(self, block_size: int, *, memo: RunMemo | None = None) -> None:
+        """Raises `InvalidArgumentError` for a bad ``block_size`` or a memo of another."""
+        check_block_size(block_size)
+        if memo is not None and memo.block_size != block_size:
+            raise InvalidArgumentError(
+                f"the memo keys {memo.block_size}-token blocks, not {block_size}"
+            )
+        self._block_size = block_size
+        self._memo = memo
+        self._last = ROOT_KEY
+        self._hashes: list[int] = []
+        self._tail: list[int] = []
+        self._tail_len = 0
+        self._num_tokens = 0
+
+    @property
+    def hashes(self) -> list[int]:
+        """Keys of every full block so far (the keyer's own list: read only)."""
+        return self._hashes
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens fed so far."""
+        return self._num_tokens
+
+    def extend(self, tokens: TokenRuns) -> list[int]:
+        """Feed ``tokens``; return the keys of the blocks they complete."""
+        before = len(self._hashes)
+        for start, length in tokens.runs:
+            self.extend_span(start, length)
+        return self._hashes[before:]
+
+    def extend_span(self, start: int, length: int) -> None:
+        """Feed the run of ``length`` tokens from token ``start`` (a u32; ``length >=
+        0``), as `extend` would; its new keys join ``hashes``."""
+        bs = self._block_size
+        self._num_tokens += length
+        if self._tail_len:  # fill the partial block first
+            tail = self._tail
+            take = min(length, bs - self._tail_len)
+            if (tail[-2] + tail[-1]) & TOKEN_MASK == start:
+                tail[-1] += take  # continues the last run: one maximal run
+            else:
+                tail.append(start)
+                tail.append(take)
+            self._tail_len += take
+            if self._tail_len < bs:
+                return
+            self._last = _block_key(self._last, tail)
+            self._hashes.append(self._last)
+            self._tail = []
+            self._tail_len = 0
+            start = (start + take) & TOKEN_MASK
+            length -= take
+        full = length // bs
+        if full:
+            memo = self._memo
+            if memo is None:
+                keys = _run_keys(self._last, start, full, bs)
+            else:
+                keys = memo.run_keys(self._last, start, full)
+            self._hashes.extend(keys)
+            self._last = keys[-1]
+            start = (start + full * bs) & TOKEN_MASK
+            length -= full * bs
+        if length:
+            self._tail = [start, length]
+            self._tail_len = length
+
+    def __repr__(self) -> str:
+        return (
+            f"RunKeyer(block_size={self._block_size}, num_tokens={self._num_tokens}, "
+            f"blocks={len(self._hashes)})"
+        )
+
+
+def _run_keys(parent: int, start: int, blocks: int, block_size: int) -> list[int]:
+    """Keys of ``blocks`` full blocks of one run from ``start``, chained after ``parent``."""
+    keys: list[int] = []
+    append = keys.append
+    for i in range(blocks):
+        parent = _xxh3(_pack_one(parent, (start + i * block_size) & TOKEN_MASK, block_size), _SEED)
+        append(parent)
+    return keys
+
+
+class RunMemo:
+    """Names of whole runs of full blocks, by (parent name, start token, blocks): a
+    prefix many prompts repeat is named once. Least recently used entries go first."""
+
+    __slots__ = ("_block_size", "_entries", "_max_entries", "blocks_named", "hits", "misses")
+
+    def __init__(self, block_size: int, *, max_entries: int = MAX_RUN_ENTRIES) -> None:
+        check_block_size(block_size)
+        self._block_size = block_size
+        self._max_entries = max_entries
+        self.hits = 0  # `get` calls answered
+        self.misses = 0  # `get` calls not answered (the caller names the run: `put`)
+        self.blocks_named = 0  # blocks in the runs `put` here
+        self._entries: OrderedDict[tuple[int | None, int, int], list[int]] = OrderedDict()
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self._block_size
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def run_keys(self, parent: int, start: int, blocks: int) -> list[int]:
+        """`_run_keys`, remembered (the caller must not change the list)."""
+        keys = self.get(parent, start, blocks)
+        if keys is None:
+            keys = _run_keys(parent, start, blocks, self._block_size)
+            self.put(parent, start, blocks, keys)
+        return keys
+
+    def get(self, parent: int | None, start: int, blocks: int) -> list[int] | None:
+        """The names remembered for ``blocks`` full blocks of the run from token
+        ``start`` chained after ``parent``, or None."""
+        entry = (parent, start, blocks)
+        keys = self._entries.get(entry)
+        if keys is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(entry)
+        return keys
+
+    def put(self, parent: int | None, start: int, blocks: int, names: list[int]) -> None:
+        """Remember ``names`` for `get` (one memo holds one kind of name: run keys, or
+        Dynamo's hashes for `kvpool.hashing.BlockHasher.extend_runs`)."""
+        entries = self._entries
+        if len(entries) >= self._max_entries:
+            entries.popitem(last=False)
+        entries[(parent, start, blocks)] = names
+        self.blocks_named += blocks
+
+
+__all__ = ["MAX_RUN_ENTRIES", "ROOT_KEY", "RunKeyer", "RunMemo"]
