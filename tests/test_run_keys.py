@@ -3,6 +3,7 @@ built, give the same cache as Dynamo's token hashes: same reports, same records.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from array import array
@@ -208,13 +209,17 @@ async def open_token_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[Kv
 
 
 async def _simulate(
-    requests: list[RequestSpec], config: EngineConfig, *, tokens: bool, fast_forward: bool
+    requests: list[RequestSpec], config: EngineConfig, *, tokens: bool | None, fast_forward: bool
 ) -> tuple[bytes, list[bytes]]:
+    """The run's report (wall time left out) and records: ``tokens`` True with Dynamo's
+    token hashes, False with run keys, None as `open_local_kv` has it for ``config``."""
     factory = open_token_kv if tokens else open_local_kv
     run = await run_simulation(requests, config, kv_factory=factory, fast_forward=fast_forward)
     keyed = [engine.kv for engine in run.engines]
     assert all(isinstance(kv, LocalKvClient) for kv in keyed)
-    assert {kv.manager.run_keys for kv in keyed if isinstance(kv, LocalKvClient)} == {not tokens}
+    if tokens is not None:
+        schemes = {kv.manager.run_keys for kv in keyed if isinstance(kv, LocalKvClient)}
+        assert schemes == {not tokens}
     report = msgspec.structs.replace(run.report, wall_s=0.0, requests_per_wall_s=0.0)
     records = [msgspec.json.encode(r) for engine in run.engines for r in engine.stats.requests]
     return msgspec.json.encode(report), records
@@ -234,5 +239,9 @@ def test_run_keys_give_the_reports_token_hashes_give(
         keyed = await _simulate(requests, config, tokens=False, fast_forward=fast_forward)
         hashed = await _simulate(requests, config, tokens=True, fast_forward=fast_forward)
         assert keyed == hashed
+        # events on: Dynamo's hashes through the run memo, every token built for the events
+        events_on = dataclasses.replace(config, enable_kv_cache_events=True)
+        published = await _simulate(requests, events_on, tokens=None, fast_forward=fast_forward)
+        assert published == keyed
 
     anyio.run(both)
