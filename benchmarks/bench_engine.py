@@ -72,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -85,6 +86,8 @@ from build_info import REPO, describe_build  # benchmarks/ is the script's path
 from kvpool.engine import EngineConfig, KvClient, LocalKvClient, TimedKvClient, TimingModel
 from kvpool.engine.report import WorkerReport
 from kvpool.engine.runner import KV_BACKENDS, KvFactory, SimulationRun, run_simulation
+from kvpool.hashing import BlockHasher, ChunkMemo
+from kvpool.hashing.run_keys import RunKeyer, RunMemo
 from kvpool.workloads import MooncakeTrace, RequestSpec, default_workload
 
 BEFORE_ISSUE_9 = ("92c3dcf", 0.264)
@@ -474,6 +477,47 @@ def naming_row(clients: list[KvClient], total: WorkerReport) -> None:
         )
 
 
+def naming_costs(requests: Iterable[RequestSpec], block_size: int) -> None:
+    """Each request's prompt and output named as a manager names them (each prompt once,
+    its output appended in one piece), timed per scheme, in this process: Dynamo's
+    hashes from the prompt's tokens (the path before run keys: u32 arrays, a memo of
+    256-token chunks' digests), the same hashes through the run memo (events on: tokens
+    still built, for the events), and run keys (events off: no token built)."""
+    specs = list(requests)
+    tokens = sum(spec.input_length + spec.output_length for spec in specs)
+
+    def chunked() -> None:
+        memo = ChunkMemo(block_size)
+        for spec in specs:
+            hasher = BlockHasher(block_size, memo=memo)
+            hasher.extend(spec.prompt_token_array())
+            hasher.extend(spec.output.tokens())
+
+    def memoised() -> None:
+        memo = RunMemo(block_size)
+        for spec in specs:
+            hasher = BlockHasher(block_size)
+            runs = spec.prompt_token_runs(with_tokens=True)
+            hasher.extend_runs(runs, runs.to_array(), memo)
+            hasher.extend(spec.output.tokens())
+
+    def keyed() -> None:
+        memo = RunMemo(block_size)
+        for spec in specs:
+            keyer = RunKeyer(block_size, memo=memo)
+            keyer.extend(spec.prompt_token_runs())
+            keyer.extend_span(spec.output.seed, spec.output.length)
+
+    print(f"  naming every block of {tokens:,} tokens ({len(specs):,} requests), best of 3:")
+    for label, name in (
+        ("token hashes, chunk memo (before)", chunked),
+        ("token hashes, run memo (events on)", memoised),
+        ("run keys (events off, the default)", keyed),
+    ):
+        seconds = min(timeit.repeat(name, number=1, repeat=3))
+        print(f"    {label:38s} {seconds:6.2f} s")
+
+
 def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: str) -> None:
     """Issue 11's multi-turn trace: fast-forward against the target, and step by step."""
     if not path.is_file():
@@ -528,6 +572,7 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
         with counter:
             run_trace(trace, config, "local", True, keep)
         naming_row(clients, fast_total)
+        naming_costs(trace, config.block_size)
         total = fast_total
         if counter.ok:
             print(
