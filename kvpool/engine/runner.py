@@ -24,29 +24,34 @@ KvFactory = Callable[[EngineConfig, int], AbstractAsyncContextManager[KvClient]]
 
 
 @asynccontextmanager
-async def open_local_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[KvClient]:
-    """A `LocalKvClient` over a fresh pool and manager sized by ``config``: with KV
-    events off its blocks are named by run keys (no hash leaves it; no token is built)."""
+async def open_local_kv(
+    config: EngineConfig, rank: int = 0, *, run_keys: bool | None = None
+) -> AsyncIterator[KvClient]:
+    """A `LocalKvClient` over a fresh pool and manager sized by ``config``. ``run_keys``
+    (`KvManager`'s; None: when KV events are off, since no hash then leaves the
+    process) names blocks by run keys, so a workload's tokens are never built."""
     yield LocalKvClient.create(
         config.num_gpu_blocks,
         config.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
         enable_kv_cache_events=config.enable_kv_cache_events,
-        run_keys=not config.enable_kv_cache_events,
+        run_keys=not config.enable_kv_cache_events if run_keys is None else run_keys,
     )
 
 
 @asynccontextmanager
-async def open_actor_kv(config: EngineConfig, rank: int = 0) -> AsyncIterator[KvClient]:
+async def open_actor_kv(
+    config: EngineConfig, rank: int = 0, *, run_keys: bool | None = None
+) -> AsyncIterator[KvClient]:
     """A `kvpool.manager.ManagerClient`: the manager behind its own actor (started and
     stopped with the context): a turn per allocation, and a `FinishStep` for a step that
-    finished or preempted a request."""
+    finished or preempted a request. ``run_keys`` as in `open_local_kv`."""
     async with open_manager(
         config.num_gpu_blocks,
         config.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
         enable_kv_cache_events=config.enable_kv_cache_events,
-        run_keys=not config.enable_kv_cache_events,
+        run_keys=not config.enable_kv_cache_events if run_keys is None else run_keys,
     ) as kv:
         yield kv
 

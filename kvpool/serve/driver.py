@@ -184,7 +184,9 @@ class EngineDriver:
 
     @asynccontextmanager
     async def _open_engine(self) -> AsyncIterator[MockEngine]:
-        async with open_actor_kv(self.config, self.rank) as kv:
+        # Dynamo's token hashes, events or not: a server's blocks are named as a router
+        # names them (run keys are for simulations, whose hashes never leave them).
+        async with open_actor_kv(self.config, self.rank, run_keys=False) as kv:
             engine = MockEngine(kv, self.config, rank=self.rank, sink=self.sink)
             self._start = time.perf_counter()
             engine.epoch = time.time()
