@@ -15,8 +15,9 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     tokenizer or profile that cannot be loaded, a port that cannot be bound) or a
     leaked KV block.
     """
-    from kvpool.cli import check_event_flags, engine_config, open_publishers
     from kvpool.events.zmq_publisher import llmd_topic
+    from kvpool.flags.engine import engine_config
+    from kvpool.flags.events import check_event_flags, open_publishers
     from kvpool.serve.failures import FAILURE_TYPES, FailureInjector
     from kvpool.serve.intake import RequestLimits
     from kvpool.serve.server import routable_host, serve
