@@ -491,3 +491,20 @@ async def test_the_startup_heap_is_frozen_only_when_asked() -> None:
                 assert gc.get_freeze_count() > before
     finally:
         gc.unfreeze()
+
+
+async def test_every_finish_reason_has_a_series_from_the_start() -> None:
+    """vLLM creates ``vllm:request_success`` for each of its finish reasons and engines
+    at start-up (at 0), so an abort-rate query has a series before the first abort."""
+    state = small_state(data_parallel_size=2)
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            text = (await client.get("/metrics")).text
+    found = {
+        (sample.labels["engine"], sample.labels["finished_reason"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vllm:request_success_total"
+    }
+    reasons = ("stop", "length", "abort", "error", "repetition")  # vLLM 0.33's strings
+    assert found == {(engine, reason): 0.0 for engine in ("0", "1") for reason in reasons}
