@@ -187,5 +187,7 @@ def test_model_names_the_served_model_and_a_local_one_the_tokenizer(tmp_path: Pa
     assert resolved("org/llm", "--served-model-name", "x") == ServedModel("x", None, "")
     assert resolved(local) == ServedModel(local, local, "MODEL")
     assert resolved("--model", "m", "--tokenizer", local) == ServedModel("m", local, "--tokenizer")
+    missing = str(tmp_path / "nowhere")
+    assert resolved(missing) == ServedModel(missing, missing, "MODEL")  # fails to load
     with pytest.raises(SystemExit):
         resolved("a", "--model", "b")

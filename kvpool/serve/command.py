@@ -25,7 +25,8 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """vLLM's rules: the served name is --served-model-name, else the model; the
     tokenizer is --tokenizer, else the model when it is a local path (vLLM loads the
     tokenizer from the model; a hub name would need a download, so the built-in
-    tokenizer stands in). Exits through ``parser.error`` if MODEL and --model differ."""
+    tokenizer stands in; a name written as a path must exist). Exits through
+    ``parser.error`` if MODEL and --model differ."""
     from kvpool.serve.state import DEFAULT_MODEL_NAME
 
     if args.model_tag and args.model and args.model_tag != args.model:
@@ -34,8 +35,9 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     served = args.served_model_name or model or DEFAULT_MODEL_NAME
     if args.tokenizer is not None:
         return ServedModel(served, args.tokenizer, "--tokenizer")
-    if model is not None and os.path.exists(model):
-        return ServedModel(served, model, "MODEL")
+    # a path that does not exist is a typo, not a hub name: its load fails, one line
+    if model is not None and (os.path.exists(model) or model.startswith((".", "/", "~"))):
+        return ServedModel(served, os.path.expanduser(model), "MODEL")
     return ServedModel(served, None, "")
 
 
