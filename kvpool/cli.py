@@ -1,5 +1,7 @@
 """``kvpool``: the command line. ``kvpool simulate`` runs a workload on mock engines;
 ``kvpool serve`` serves vLLM's OpenAI API over them (`kvpool.serve`, its own extra).
+``kvpool sweep`` runs a grid of ``simulate`` configurations (`kvpool.sweep`) through
+`simulate_run`.
 
 Exit status: 0 on success, 2 for a bad flag, 1 for bad input (an unreadable or malformed
 trace, an output file that cannot be written, a missing optional dependency, a socket
@@ -439,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(handler=_simulate)
     _add_serve(commands)
     add_profile_command(commands, _int_at_least(1))
+    from kvpool.sweep.command import add_sweep_command  # imports this module: here, not on top
+
+    add_sweep_command(commands)
     return parser
 
 
@@ -709,11 +714,14 @@ def check_event_flags(
         parser.error("--zmq-replay-port needs --zmq-kv-event-port")
 
 
-def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    try:
-        config = engine_config(args, parser)
-    except (PoolError, ImportError) as exc:
-        return _fail(str(exc))
+def check_simulate_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EngineConfig:
+    """The `EngineConfig` of a ``kvpool simulate`` command line, after every check of its
+    flags that reads no file but a planner profile.
+
+    Exits through ``parser.error`` for flags that contradict each other; raises
+    `PoolError` or ``ImportError`` for a planner profile that cannot be loaded.
+    """
+    config = engine_config(args, parser)
     check_workload_flags(args, parser)
     config = dataclasses.replace(config, max_model_len=args.max_model_len)
     if args.trace and (args.seed != 0 or args.sessions != SyntheticWorkload().num_sessions):
@@ -725,6 +733,37 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     check_event_flags(args, parser, args.workers)
     if args.zmq_kv_event_topic == "llm-d":
         parser.error("--zmq-kv-event-topic llm-d names an HTTP endpoint: kvpool serve only")
+    return config
+
+
+def simulate_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> SimulationRun:
+    """Run what ``kvpool simulate`` runs for ``args`` (parsed by `build_parser`), with no
+    output, progress bar or KV-event socket: ``kvpool sweep`` runs each configuration
+    through it, so a sweep's reports are the ones ``kvpool simulate`` writes.
+
+    Exits through ``parser.error`` for contradictory flags; raises `PoolError`,
+    `TraceError` or ``ImportError`` for input that cannot be used.
+    """
+    config = check_simulate_flags(args, parser)
+    if args.zmq_kv_event_port is not None:
+        parser.error("--zmq-kv-event-port: no KV-event sockets in a quiet run")
+    backend, options = _backend(args.loop)
+    trace = (
+        MooncakeTrace(args.trace, trace_block_size=args.trace_block_size) if args.trace else None
+    )
+    try:
+        requests, workload = _workload(args, trace)
+        return _run(args, backend, options, config, requests, workload, None, None)
+    finally:
+        if trace is not None:
+            trace.close()
+
+
+def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        config = check_simulate_flags(args, parser)
+    except (PoolError, ImportError) as exc:
+        return _fail(str(exc))
     # Everything that can fail on input fails here, before the run starts.
     failure = _check_outputs(args)
     if failure is not None:

@@ -27,3 +27,22 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     """The anyio plugin's backend: (name, options)."""
     backend: tuple[str, dict[str, Any]] = request.param
     return backend
+
+
+# The actor and manager tests run with ResourceWarning as an error (an actor must close
+# what it opens). A ResourceWarning raised in a __del__ is unraisable: pytest reports it
+# as PytestUnraisableExceptionWarning, so that one is an error there too when it carries a
+# ResourceWarning (other unraisables, e.g. trio finalizing an async generator an
+# interrupt abandoned, stay warnings).
+_STRICT_RESOURCES = ("test_actor", "test_manager", "test_engine_actor")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name.startswith(_STRICT_RESOURCES):
+            item.add_marker(pytest.mark.filterwarnings("error::ResourceWarning"))
+            item.add_marker(
+                pytest.mark.filterwarnings(
+                    r"error:(?s).*ResourceWarning:pytest.PytestUnraisableExceptionWarning"
+                )
+            )

@@ -44,6 +44,11 @@ RUNS = {
         ["bench_memory.py", "--trace", SAMPLE, "--breakdown"],
         ["held at the end of the run", "building the report", "peak RSS of this process"],
     ),
+    "sweep": (
+        ["bench_sweep.py", "--quick"],
+        ["sweep --jobs 2", "4 x kvpool simulate in turn", "reports identical across the three"],
+    ),
+    "fuzz": (["fuzz_actor.py", "--quick"], ["asyncio: seeds", "trio: seeds", "no breach"]),
     "serve": (
         ["bench_serve.py", "--requests", "20", "--max-tokens", "4"],
         [

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import pytest
 
 from kvpool import BlockId, BlockPool, PrefixHit, Reservation, UnknownBlockError
+from kvpool.errors import BlockNotReferencedError
 from kvpool.pool import MAX_HASH
 
 ACTIVE = PrefixHit(is_active=True)
@@ -460,3 +461,84 @@ def test_a_dropped_pool_is_freed() -> None:
     finally:
         tracemalloc.stop()
     assert growth < 32_000, f"{growth} bytes retained by 1,000 dropped pools"
+
+
+# ------------------------------------------------- undoing a call keeps the LRU order
+
+
+def _lru_order(pool: BlockPool) -> list[int]:
+    """The idle hashes, oldest first (found by evicting them all)."""
+    removed: list[int] = []
+    outcome = pool.reserve([], pool.capacity)
+    assert outcome is not None
+    removed = list(outcome.removed)
+    pool.cancel(outcome.reservation)
+    return removed
+
+
+def _seeded() -> BlockPool:
+    """Idle copies 3, 2, 1 (a chain freed leaf first), then 10, 11 (oldest first)."""
+    pool = BlockPool(8)
+    for chain in ([1, 2, 3], [10], [11]):
+        admission = pool.admit(chain)
+        assert admission is not None
+        pool.cache_many(list(zip(admission.blocks, chain, strict=True)))
+        pool.release_many(admission.blocks[::-1])
+    return pool
+
+
+def test_seeded_lru_order() -> None:
+    assert _lru_order(_seeded()) == [3, 2, 1, 10, 11]
+
+
+def test_unreserve_puts_idle_prefix_copies_back_in_place() -> None:
+    pool = _seeded()
+    outcome = pool.reserve([1, 2], 1)
+    assert outcome is not None
+    pool.unreserve(outcome.reservation)
+    pool.check_invariants()
+    assert _lru_order(pool) == [3, 2, 1, 10, 11]
+    # A plain cancel is a use: the prefix re-enters at the tail, leaf first.
+    pool = _seeded()
+    outcome = pool.reserve([1, 2], 1)
+    assert outcome is not None
+    pool.cancel(outcome.reservation)
+    assert _lru_order(pool) == [3, 10, 11, 2, 1]
+
+
+def test_unadmit_puts_idle_prefix_copies_back_in_place() -> None:
+    pool = _seeded()
+    admission = pool.admit([1, 2, 3, 4], 1)
+    assert admission is not None
+    assert admission.cached == 3
+    pool.unadmit(admission.blocks[::-1])
+    pool.check_invariants()
+    assert _lru_order(pool) == [3, 2, 1, 10, 11]
+    assert (pool.num_active(), pool.num_active_refs()) == (0, 0)
+
+
+def test_unadmit_of_a_copy_another_request_released_meanwhile() -> None:
+    # "10" is held by another request when the admit reuses it; that request lets go
+    # before the undo: without the admit, 10 would have gone idle then, so there it goes.
+    pool = _seeded()
+    other = pool.admit([10])
+    assert other is not None
+    admission = pool.admit([10])
+    assert admission is not None
+    pool.release_many(other.blocks)
+    more = pool.admit([11])
+    assert more is not None
+    pool.release_many(more.blocks)  # 11 goes idle after 10 would have
+    pool.unadmit(admission.blocks)
+    pool.check_invariants()
+    assert _lru_order(pool) == [3, 2, 1, 10, 11]
+
+
+def test_unadmit_refuses_a_bad_id_and_changes_nothing() -> None:
+    pool = _seeded()
+    admission = pool.admit([1, 2])
+    assert admission is not None
+    with pytest.raises(BlockNotReferencedError):
+        pool.unadmit([admission.blocks[1], admission.blocks[1]])
+    pool.unadmit(admission.blocks[::-1])
+    assert _lru_order(pool) == [3, 2, 1, 10, 11]

@@ -6,10 +6,17 @@ anyio memory object stream, with ``send_nowait`` (never blocks, cannot be half d
 and awaits the slot. `Actor.run` (the actor's task, the only code that runs handlers)
 drains the mailbox in batches and delivers each reply into its slot. The contract this
 implements is stated once, in `kvpool.actors`; the reply slots are `kvpool.actors.slots`.
+
+Invariants the loop keeps: nothing raised in the actor task escapes `Actor.run` (a bug
+or an interrupt there is a crash, answered to every waiter); an unread reply's undo is
+queued on the actor itself (`Actor._undos`) and runs before the actor hands out
+anything of the same ordered stream again; the mailbox's streams are closed once the
+actor is done (`Actor.dispose`), so a late post (an undo's wake-up) is dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 from collections import deque
@@ -20,7 +27,7 @@ from typing import Any, Final, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from kvpool.actors.slots import NO_REPLY, ReplySlot, SlotKind
+from kvpool.actors.slots import NO_REPLY, ReplySlot, SlotKind, interrupt_safe
 from kvpool.errors import InvalidArgumentError, PoolClosedError, PoolCrashedError, PoolError
 
 M = TypeVar("M")
@@ -46,17 +53,22 @@ class Handler(Generic[M, R]):
     anything else crashes the actor (the refuse-or-crash rule, `kvpool.errors`).
 
     ``undo(message, reply)`` gives back what a reply handed out, in a later turn, when
-    its caller never read it; it must not fail. ``gives_back`` marks calls returning
-    ownership (release, cancel, free): they run even if their caller left, and the
-    waiters are retried after them. ``waits(message)`` marks requests whose handler may
-    return `WAIT`: such a request joins the FIFO behind earlier waiters untried, and the
-    head waiter is retried whenever something was given back.
+    its caller never read it; it must not fail (if it raises, the actor crashes).
+    ``gives_back`` marks calls returning ownership (release, cancel, free): they run
+    even if their caller left, and the waiters are retried after them. ``waits(message)``
+    marks requests whose handler may return `WAIT`: such a request joins the FIFO behind
+    earlier waiters untried, and the head waiter is retried whenever something was given
+    back. ``ordered`` marks calls whose replies hand out consecutive pieces of one
+    stream (the manager's events): before the actor serves another ordered call, every
+    caller of an earlier one has read its reply or had it undone, so an undo that puts a
+    piece back never lands behind a newer piece someone else already took.
     """
 
     handle: Callable[[M], R | Wait]
     undo: Callable[[M, R], None] | None = None
     gives_back: bool = False
     waits: Callable[[M], bool] | None = None
+    ordered: bool = False
 
 
 class Status(enum.Enum):
@@ -69,7 +81,7 @@ class Status(enum.Enum):
 
 
 class _Undo:
-    """A mailbox entry of the actor's own: give back what an unread reply handed out."""
+    """Give back what an unread reply handed out (queued on the actor, run in its task)."""
 
     __slots__ = ("message", "reply", "undo")
 
@@ -79,17 +91,6 @@ class _Undo:
         self.undo = undo
 
 
-def _run_undo(entry: _Undo) -> None:
-    entry.undo(entry.message, entry.reply)
-
-
-def _nothing(_message: object) -> None:
-    return None
-
-
-_UNDO: Final[Handler[_Undo, None]] = Handler(_run_undo, gives_back=True)
-_RETRY: Final[Handler[object, None]] = Handler(_nothing, gives_back=True)
-"""A waiter left: like any give-back, it makes the actor retry the FIFO."""
 _OPEN: Final = Status.OPEN
 _CRASHED: Final = Status.CRASHED
 _Entry = tuple[Any, Handler[Any, Any], ReplySlot | None]
@@ -110,10 +111,14 @@ class Actor:
         "_handlers",
         "_on_crash",
         "_open_slot",
+        "_ordered_out",
         "_post",
         "_receive",
+        "_send",
         "_status",
         "_task_id",
+        "_undo_entry",
+        "_undos",
         "_waiters",
         "_yield_once",
     )
@@ -122,13 +127,17 @@ class Actor:
         if _Undo in handlers:
             raise InvalidArgumentError("the actor's own entry type cannot be registered")
         self._handlers: dict[type[Any], Handler[Any, Any]] = dict(handlers)
-        send, self._receive = anyio.create_memory_object_stream[_Entry](math.inf)
-        self._post = send.send_nowait
+        self._send, self._receive = anyio.create_memory_object_stream[_Entry](math.inf)
+        self._post = self._send.send_nowait
         self._open_slot = slots.open
         self._abandon = slots.abandon
         self._yield_once = slots.yield_once
         self._waiters: deque[tuple[Any, Handler[Any, Any], ReplySlot]] = deque()
         self._dirty = False  # something was given back that may let the head waiter in
+        self._undos: deque[_Undo] = deque()  # unread replies to give back, oldest first
+        # Posted to wake the actor for queued undos; a give-back, so waiters are retried.
+        self._undo_entry: _Entry = (None, Handler(self._run_undos, gives_back=True), None)
+        self._ordered_out = False  # an ordered reply went out since the actor last yielded
         self._status = _OPEN
         self._cause: BaseException | None = None
         self._on_crash: Callable[[], None] | None = None
@@ -160,6 +169,7 @@ class Actor:
         """Whether messages of type ``kind`` have a handler."""
         return kind in self._handlers
 
+    @interrupt_safe
     async def call(self, message: Any) -> Any:
         """Send ``message`` and return its handler's reply; always a checkpoint.
 
@@ -170,21 +180,39 @@ class Actor:
         handler = self._handlers.get(type(message))  # the table is empty once it is gone
         if handler is None:
             return await self._refuse(message)
-        # A call that hands something out takes no effect in a cancelled scope.
-        slot = self._open_slot(not handler.gives_back)
-        if slot is None:
+        slot = self._open_slot(True)
+        if slot is None:  # the caller's scope is cancelled
+            if handler.gives_back:
+                return await self._give_back_cancelled(message, handler)
+            # A call that hands something out takes no effect in a cancelled scope.
             await anyio.lowlevel.checkpoint()  # raises the scope's cancellation
             if not self._handlers:
                 return await self._refuse(message)
             slot = self._open_slot(False)
             assert slot is not None
-        self._post((message, handler, slot))
         try:
+            self._post((message, handler, slot))
             return await slot
         except BaseException:
             self._left(message, handler, slot)
             raise
 
+    @interrupt_safe
+    async def _give_back_cancelled(self, message: Any, handler: Handler[Any, Any]) -> Any:
+        """A give-back made in a cancelled scope: posted, so it takes effect, then the
+        checkpoint every call is raises the scope's cancellation, on every loop (the
+        reply, if it came meanwhile, is given back as any unread one)."""
+        slot = self._open_slot(False)
+        assert slot is not None
+        try:
+            self._post((message, handler, slot))
+            await anyio.lowlevel.checkpoint()  # raises the scope's cancellation
+            return await slot
+        except BaseException:
+            self._left(message, handler, slot)
+            raise
+
+    @interrupt_safe
     async def _refuse(self, message: Any) -> Any:
         """A call the actor will not take: gone, or a kind without a handler."""
         self._open_slot(False)  # WrongLoopError before anything else
@@ -201,9 +229,16 @@ class Actor:
             return
         if reply is not NO_REPLY:
             if handler.undo is not None:
-                self._post((_Undo(message, reply, handler.undo), _UNDO, None))
+                self._undos.append(_Undo(message, reply, handler.undo))
+                self._wake()
         elif handler.waits is not None:
-            self._post((None, _RETRY, None))
+            self._wake()
+
+    def _wake(self) -> None:
+        """Make the actor run its queued undos and retry its waiters."""
+        # If the actor is gone, its state went with it: nothing is left to give back to.
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._post(self._undo_entry)
 
     # ------------------------------------------------------------------ the host
 
@@ -220,6 +255,12 @@ class Actor:
             self._handlers = {}
             self._post((None, Handler(self._finish, gives_back=True), None))
 
+    def dispose(self) -> None:
+        """Close the mailbox's two streams (`run` does when it returns; the host does
+        too, in case it never ran). Idempotent."""
+        self._send.close()
+        self._receive.close()
+
     def gone_error(self) -> PoolError | PoolCrashedError:
         """The error for a call the actor can no longer serve (crashed or closed)."""
         if self._status is Status.CRASHED:
@@ -230,100 +271,124 @@ class Actor:
 
     # ----------------------------------------------------------- the actor task
 
+    @interrupt_safe
     async def run(self) -> None:
-        """The actor task: drain the mailbox in batches until closed or crashed."""
+        """The actor task: drain the mailbox in batches until closed or crashed.
+
+        Never raises: anything raised here (a handler's bug, a failing undo, an
+        interrupt) crashes the actor, which answers every pending call first.
+        """
         self._task_id = anyio.get_current_task().id
         receive = self._receive
         receive_nowait = receive.receive_nowait
         yield_once = self._yield_once
         waiters = self._waiters
         settled = yielded = False
-        while True:
-            try:
-                message, handler, slot = receive_nowait()
-            except anyio.WouldBlock:
-                if self._dirty and waiters:
-                    self._pump()
-                status = self._status
-                if status is _CRASHED or settled:
-                    return
-                if status is Status.CLOSED:
-                    # Every caller answered so far is ready to run: let them, so that one
-                    # cancelled with its reply unread posts the undo (asyncio; on trio a
-                    # delivered reply is always read). Then nothing more can arrive.
-                    await yield_once()
-                    settled = True
+        slot: ReplySlot | None = None
+        try:
+            while True:
+                # ``slot`` is the current call's, or an answered one's (`_crash` skips it).
+                try:
+                    message, handler, slot = receive_nowait()
+                except anyio.WouldBlock:
+                    if self._dirty and waiters:
+                        self._pump()
+                    status = self._status
+                    if status is _CRASHED or settled:
+                        return
+                    if status is Status.CLOSED:
+                        # Every caller answered so far is ready to run: let them, so that
+                        # one cancelled with its reply unread queues the undo (asyncio; on
+                        # trio a delivered reply is always read). Then nothing more can
+                        # arrive but those undos' wake-ups.
+                        await yield_once()
+                        self._ordered_out = False
+                        settled = True
+                        continue
+                    if not yielded:
+                        # The callers just answered usually call again at once: one yield
+                        # lets them post, and the next batch needs no wake-up.
+                        await yield_once()
+                        self._ordered_out = False
+                        yielded = True
+                        continue
+                    message, handler, slot = await receive.receive()
+                yielded = False
+                if handler.ordered:
+                    if self._ordered_out:
+                        # Let the earlier ordered replies' callers run: one that left
+                        # unread queues its undo, which puts its piece back first.
+                        await yield_once()
+                        if self._undos:
+                            self._run_undos(None)
+                    self._ordered_out = True
+                if slot is None or waiters or slot.cancelled():
+                    self._handle_with_care(message, handler, slot)
                     continue
-                if not yielded:
-                    # The callers just answered usually call again at once: one yield
-                    # lets them post, and the next batch needs no wake-up.
-                    await yield_once()
-                    yielded = True
+                # The common case: a live caller and nobody waiting.
+                try:
+                    reply = handler.handle(message)
+                except PoolError as exc:
+                    _fail(slot, exc)
                     continue
-                message, handler, slot = await receive.receive()
-            yielded = False
-            if slot is None or waiters or slot.cancelled():
-                self._handle_with_care(message, handler, slot)
-                if self._status is _CRASHED:
-                    return
-                continue
-            # The common case: a live caller and nobody waiting.
-            try:
-                reply = handler.handle(message)
-            except PoolError as exc:
-                _fail(slot, exc)
-                continue
-            except BaseException as exc:
+                if reply is WAIT:
+                    waiters.append((message, handler, slot))
+                    continue
+                try:
+                    slot.set_result(reply)
+                except Exception:
+                    self._undelivered(message, handler, slot, reply)
+        except BaseException as exc:
+            # A bug (or an interrupt) in a handler, an undo or the loop itself.
+            if self._status is not _CRASHED:
                 self._crash(exc, slot)
-                return
-            if reply is WAIT:
-                waiters.append((message, handler, slot))
-                continue
-            try:
-                slot.set_result(reply)
-            except Exception:
-                self._undelivered(message, handler, slot, reply)
+        finally:
+            self.dispose()  # nothing is served any more: later posts are refused
 
     def _handle_with_care(
         self, message: Any, handler: Handler[Any, Any], slot: ReplySlot | None
     ) -> None:
         """The actor's own entry, a call whose caller left, or one arriving while others
-        wait."""
+        wait. Anything but a refusal propagates: `run` turns it into a crash."""
         waiters = self._waiters
-        try:
-            if slot is None or slot.cancelled():
-                if not handler.gives_back:
-                    return  # the caller left before its turn: skipped
-                self._dirty = True
-                try:
-                    reply = handler.handle(message)
-                except PoolError:
-                    if slot is None:
-                        raise  # an undo must not be refused: that is a bug
-                    # A give-back whose caller left: a mistake nobody is left to hear.
-                else:
-                    if slot is not None and handler.undo is not None:
-                        handler.undo(message, reply)  # applied; nobody reads the reply
-            elif waiters and handler.waits is not None and handler.waits(message):
-                waiters.append((message, handler, slot))
-                return
+        if slot is None or slot.cancelled():
+            if not handler.gives_back:
+                return  # the caller left before its turn: skipped
+            self._dirty = True
+            try:
+                reply = handler.handle(message)
+            except PoolError:
+                if slot is None:
+                    raise  # the actor's own entry must not be refused: that is a bug
+                # A give-back whose caller left: a mistake nobody is left to hear.
             else:
-                try:
-                    reply = handler.handle(message)
-                except PoolError as exc:
-                    _fail(slot, exc)
-                    return
-                if handler.gives_back:
-                    self._dirty = True
-                if reply is WAIT:
-                    waiters.append((message, handler, slot))
-                else:
-                    self._deliver(message, handler, slot, reply)
-        except BaseException as exc:
-            self._crash(exc, slot)
+                if slot is not None and handler.undo is not None:
+                    handler.undo(message, reply)  # applied; nobody reads the reply
+        elif waiters and handler.waits is not None and handler.waits(message):
+            waiters.append((message, handler, slot))
             return
+        else:
+            try:
+                reply = handler.handle(message)
+            except PoolError as exc:
+                _fail(slot, exc)
+                return
+            if handler.gives_back:
+                self._dirty = True
+            if reply is WAIT:
+                waiters.append((message, handler, slot))
+            else:
+                self._deliver(message, handler, slot, reply)
         if self._dirty and waiters:
             self._pump()  # what came back goes to the waiters before later requests
+
+    def _run_undos(self, _message: object) -> None:
+        """Give back every queued unread reply, oldest first (a failing undo crashes)."""
+        undos = self._undos
+        while undos:
+            entry = undos.popleft()
+            entry.undo(entry.message, entry.reply)
+        self._dirty = True
 
     def _pump(self) -> None:
         """Grant waiters in FIFO order until the head one still does not fit."""
@@ -340,9 +405,6 @@ class Actor:
                 waiters.popleft()
                 _fail(slot, exc)
                 continue
-            except BaseException as exc:
-                self._crash(exc, None)
-                return
             if reply is WAIT:
                 return
             waiters.popleft()
@@ -371,8 +433,6 @@ class Actor:
         """Everything posted before the close was handled: fail the waiters."""
         if self._dirty and self._waiters:
             self._pump()
-        if self._status is Status.CRASHED:
-            return
         self._status = Status.CLOSED
         waiters = self._waiters
         while waiters:
@@ -381,11 +441,12 @@ class Actor:
                 _fail(slot, PoolClosedError("the pool shut down before this request fit"))
 
     def _crash(self, cause: BaseException, slot: ReplySlot | None) -> None:
-        """A handler raised a bug: fail the current call, every queued call and every
-        waiter with `PoolCrashedError`, and tell the host."""
+        """A bug (or an interrupt) in the actor task: fail the current call, every
+        queued call and every waiter with `PoolCrashedError`, and tell the host."""
         self._status = Status.CRASHED
         self._handlers = {}
         self._cause = cause
+        self._undos.clear()
         slots: list[ReplySlot] = [] if slot is None else [slot]
         slots.extend(waiting for _m, _h, waiting in self._waiters)
         self._waiters.clear()
@@ -397,8 +458,9 @@ class Actor:
             if queued is not None:
                 slots.append(queued)
         for pending in slots:
-            if not pending.cancelled():
-                _fail(pending, self.gone_error())
+            if not pending.done():
+                with contextlib.suppress(Exception):
+                    pending.set_exception(self.gone_error())
         if self._on_crash is not None:
             self._on_crash()
 

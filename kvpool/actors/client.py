@@ -17,7 +17,14 @@ import anyio
 import anyio.lowlevel
 
 from kvpool.actors.actor import Actor
-from kvpool.errors import ForeignReservationError, PoolClosedError, PoolCrashedError
+from kvpool.actors.slots import interrupt_safe
+from kvpool.errors import (
+    ForeignReservationError,
+    PoolClosedError,
+    PoolCrashedError,
+    PoolError,
+    WrongLoopError,
+)
 from kvpool.messages import (
     ActivatePrefix,
     Admission,
@@ -50,7 +57,9 @@ class ActorReservation:
     """A reservation held through the actor: its handle id plus what it still holds.
 
     The counts are the client's mirror of the actor's record, updated as replies
-    arrive; ``closed`` turns true as soon as a cancel is posted.
+    arrive; ``closed`` turns true once a cancel was posted (it then takes effect, even
+    if its caller is cancelled), never for a cancel refused before posting
+    (`WrongLoopError`).
     """
 
     __slots__ = ("_client", "_closed", "_fresh", "_prefix_len", "id")
@@ -77,7 +86,7 @@ class ActorReservation:
 
     @property
     def closed(self) -> bool:
-        """True once a cancel of this reservation was posted."""
+        """True once a cancel of this reservation was posted (or the pool is gone)."""
         return self._closed
 
     def __repr__(self) -> str:
@@ -110,13 +119,32 @@ class Lease:
         blocks, self.blocks = self.blocks, []
         return blocks
 
+    @interrupt_safe
     async def free(self, count: int | None = None) -> None:
-        """Free the last ``count`` held blocks (all by default), leaf first, now."""
+        """Free the last ``count`` held blocks (all by default), leaf first, now.
+
+        A give-back, so a checkpoint even with nothing left to free; in a cancelled
+        scope it takes effect and raises the cancellation (`kvpool.actors`). The blocks
+        leave `blocks` once the free was posted; a free refused before it was posted
+        (`WrongLoopError`) or by the pool (a `PoolError`: nothing was freed) leaves
+        `blocks` as it was.
+        """
         cut = 0 if count is None else max(len(self.blocks) - count, 0)
         released = self.blocks[cut:]
-        del self.blocks[cut:]
-        if released:
+        if not released:
+            await anyio.lowlevel.checkpoint()
+            return
+        try:
             await self._client.free(released)
+        except (PoolClosedError, PoolCrashedError):
+            del self.blocks[cut:]  # the pool is gone, and the blocks with it
+            raise
+        except PoolError:
+            raise  # refused: nothing was freed, the lease still holds them
+        except BaseException:
+            del self.blocks[cut:]  # posted, so it takes effect: the caller just left
+            raise
+        del self.blocks[cut:]
 
 
 class PoolClient:
@@ -159,6 +187,7 @@ class PoolClient:
 
     # -------------------------------------------------------- reservations
 
+    @interrupt_safe
     async def reserve(self, prefix: Sequence[int], fresh: int) -> ActorReserveOutcome | None:
         """Pin the resident ``prefix`` and reserve ``fresh`` blocks, all or nothing.
 
@@ -171,6 +200,7 @@ class PoolClient:
         reservation = ActorReservation(self, reply.reservation, reply.prefix_len, reply.fresh)
         return ActorReserveOutcome(reservation, reply.removed)
 
+    @interrupt_safe
     async def activate_prefix(self, reservation: ActorReservation) -> list[BlockId]:
         """Turn the reservation's prefix pins into references; returns their ids root first.
 
@@ -185,6 +215,7 @@ class PoolClient:
             reservation._prefix_len = 0
         return block_ids
 
+    @interrupt_safe
     async def allocate_private(self, reservation: ActorReservation) -> BlockId:
         """Spend one reserved unit on a new private copy; returns its id.
 
@@ -198,6 +229,7 @@ class PoolClient:
         block_id: BlockId = reply.block_id
         return block_id
 
+    @interrupt_safe
     async def allocate_cached(
         self, reservation: ActorReservation, block_hash: int
     ) -> tuple[BlockId, bool]:
@@ -212,17 +244,25 @@ class PoolClient:
         reservation._fresh -= 1
         return reply.block_id, reply.visible
 
+    @interrupt_safe
     async def cancel(self, reservation: ActorReservation) -> None:
         """Return unconsumed capacity and unpin the unactivated prefix, leaf first.
 
         Raises ForeignReservationError, ReservationClosedError. Takes effect once
-        posted, even if the caller is then cancelled.
+        posted, even if the caller is then cancelled; refused before posting
+        (`WrongLoopError`), it leaves the reservation open.
         """
         handle = self._handle(reservation)
         if handle is None:
             await _refuse_foreign(reservation)
+        try:
+            await self._call(Cancel(handle))
+        except WrongLoopError:
+            raise  # refused before it was posted: the reservation is still open
+        except BaseException:
+            reservation._closed = True  # posted (or the pool is gone): it took effect
+            raise
         reservation._closed = True
-        await self._call(Cancel(handle))
 
     @asynccontextmanager
     async def reservation(
@@ -333,3 +373,8 @@ async def _refuse_foreign(reservation: object) -> NoReturn:
     if isinstance(reservation, ActorReservation):
         raise ForeignReservationError(f"{reservation!r} belongs to another pool")
     raise ForeignReservationError(f"expected an ActorReservation, got {reservation!r}")
+
+
+# A context manager's entry and exit bookkeeping is the client's too (`interrupt_safe`).
+interrupt_safe(PoolClient.reservation.__wrapped__)  # type: ignore[attr-defined]
+interrupt_safe(PoolClient._lease.__wrapped__)  # type: ignore[attr-defined]

@@ -3,9 +3,12 @@
 Neither context manager raises an exception group of its own. An exception from the
 body propagates unchanged. If the actor crashes, the body is cancelled (as a failing
 child cancels a task group) and the block raises `PoolCrashedError` whose ``__cause__``
-is the bug (a KeyboardInterrupt or SystemExit raised inside a handler is re-raised as
-it is); if the body itself raised something other than a cancellation meanwhile, that
-exception wins.
+is the bug (a KeyboardInterrupt or SystemExit raised in the actor's task is re-raised
+as it is; anything else, a handler's CancelledError included, is a bug and raises
+`PoolCrashedError`); if the body itself raised something other than a cancellation
+meanwhile, that exception wins. Ctrl-C on trio never lands in the actor's own code
+(`kvpool.actors.slots.interrupt_safe`): trio delivers it to the main task's next wait,
+and the block raises that KeyboardInterrupt after the actor settled.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import anyio
 from kvpool.actors.actor import Actor, Handler, Status
 from kvpool.actors.client import PoolClient
 from kvpool.actors.pool_state import PoolState
-from kvpool.actors.slots import current_slots
+from kvpool.actors.slots import current_slots, interrupt_safe
 from kvpool.errors import InvalidArgumentError
 from kvpool.pool import BlockPool
 
@@ -58,29 +61,50 @@ async def open_actor(handlers: Mapping[type[Any], Handler[Any, Any]]) -> AsyncIt
     """
     actor = Actor(handlers, current_slots())
     body_error: BaseException | None = None
-    async with anyio.create_task_group() as task_group:
-        actor.set_crash_callback(task_group.cancel_scope.cancel)
-        task_group.start_soon(_serve, actor)
-        try:
-            yield actor
-        except BaseException as exc:
-            # Kept out of the task group, which would wrap it in an exception group.
-            body_error = exc
-        finally:
-            actor.close()
+    try:
+        async with anyio.create_task_group() as task_group:
+            actor.set_crash_callback(task_group.cancel_scope.cancel)
+            task_group.start_soon(_serve, actor)
+            try:
+                yield actor
+            except BaseException as exc:
+                # Kept out of the task group, which would wrap it in an exception group.
+                body_error = exc
+            finally:
+                actor.close()
+    except BaseExceptionGroup as group:
+        # The actor task never raises and the body's exception is kept out, so this is
+        # the host's own wait for the actor interrupted (Ctrl-C on trio lands there as
+        # on any wait): raise that, not a group of ours. The actor still settled first.
+        raise _first_leaf(group) from None
+    finally:
+        actor.dispose()
     if actor.status is Status.CRASHED and (
         body_error is None or isinstance(body_error, anyio.get_cancelled_exc_class())
     ):
         cause = actor.crash_cause
-        if cause is not None and not isinstance(cause, Exception):
-            raise cause  # KeyboardInterrupt in a handler: the host is interrupted too
+        if isinstance(cause, (KeyboardInterrupt, SystemExit)):
+            raise cause  # an interrupt in the actor's task: the host is interrupted too
         raise actor.gone_error()
     if body_error is not None:
         raise body_error
 
 
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The group's first exception that is not itself a group."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+@interrupt_safe
 async def _serve(actor: Actor) -> None:
     # Shielded: the actor keeps serving (a cancelled task's give-backs, the queued work
     # at close) until the host closes it, even while an enclosing scope is cancelled.
     with anyio.CancelScope(shield=True):
         await actor.run()
+
+
+# Starting, closing and leaving the actor must not be cut short by Ctrl-C on trio either
+# (a close never posted would leave the host waiting for the actor forever).
+interrupt_safe(open_actor.__wrapped__)  # type: ignore[attr-defined]
+interrupt_safe(open_pool.__wrapped__)  # type: ignore[attr-defined]

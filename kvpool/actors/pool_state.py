@@ -1,5 +1,8 @@
 """The pool actor's state and handlers: a `BlockPool`, reservation handles, counters.
 
+Every undo is exact, LRU order included: prefix copies an undone call took from the
+LRU go back to their place in it (`BlockPool.unreserve`, `BlockPool.unadmit`).
+
 Reservations cross the protocol as integer handle ids. Each handle names a `_Held`
 record: the pool reservations backing it (more than one only after an undo topped it up)
 and the prefix hashes it still pins, so an undone ``activate_prefix`` or ``allocate_*``
@@ -8,7 +11,7 @@ can give the reservation back exactly what the call took.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from kvpool.actors.actor import WAIT, Handler, Wait
@@ -124,7 +127,7 @@ class PoolState:
             held = self._held.pop(reply.reservation, None)
             if held is not None:
                 for part in held.parts:
-                    self.pool.cancel(part)
+                    self.pool.unreserve(part)  # idle prefix copies back at their LRU place
 
     def activate_prefix(self, message: ActivatePrefix) -> BlocksReply:
         held = self._lookup(message.reservation)
@@ -139,7 +142,7 @@ class PoolState:
     def undo_activate_prefix(self, message: ActivatePrefix, reply: BlocksReply) -> None:
         if not reply.block_ids:
             return
-        self._release_leaf_first(reply.block_ids)
+        self.pool.unadmit(reply.block_ids[::-1])  # type: ignore[arg-type]  # leaf first
         held = self._held.get(message.reservation)
         if held is not None:
             # The copies still hold the hashes (our references kept them from eviction),
@@ -221,7 +224,8 @@ class PoolState:
 
     def undo_admit(self, message: Admit, reply: AdmitReply) -> None:
         if reply.admission is not None:
-            self._release_leaf_first(reply.admission.blocks)
+            # Leaf first; idle prefix copies go back to their LRU place, not the tail.
+            self.pool.unadmit(reply.admission.blocks[::-1])
 
     def cache_many(self, message: CacheMany) -> FlagsReply:
         return FlagsReply(self.pool.cache_many(message.pairs))  # type: ignore[arg-type]
@@ -244,10 +248,6 @@ class PoolState:
             if part.fresh:
                 return part
         return held.parts[0]  # the pool raises ReservationExhaustedError for it
-
-    def _release_leaf_first(self, block_ids: Sequence[int]) -> None:
-        """Release the last block first, all or nothing (the pool checks every id first)."""
-        self.pool.release_many(block_ids[::-1])  # type: ignore[arg-type]
 
 
 def _admit_waits(message: Admit) -> bool:

@@ -10,7 +10,9 @@ cancel check, and ``abandon`` for a caller whose wait was interrupted.
   future already done when the caller's cancellation lands holds a reply nobody will
   read; ``abandon`` hands it back so the actor can undo it.
 - trio: the slot parks the calling task and the actor reschedules it with the reply.
-  A rescheduled task can no longer be aborted, so a delivered reply is always read.
+  A rescheduled task can no longer be aborted, so a delivered reply is always read by
+  the call (`interrupt_safe` code cannot be interrupted by Ctrl-C between the post and
+  the park, nor between the reply and the caller's bookkeeping).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import anyio.lowlevel
 import sniffio
@@ -35,6 +37,9 @@ class ReplySlot(Protocol):
     def cancelled(self) -> bool:
         """True once the caller stopped waiting; the reply must then not be delivered."""
 
+    def done(self) -> bool:
+        """True once a reply or an error was delivered, or the caller stopped waiting."""
+
     def set_result(self, result: Any, /) -> None:
         """Deliver the reply (only while not cancelled, at most once)."""
 
@@ -47,6 +52,36 @@ class ReplySlot(Protocol):
 
 NO_REPLY: Final = object()
 """What `SlotKind.abandon` returns when no reply was left unread."""
+
+_INTERRUPT_SAFE: list[Callable[..., Any]] = []
+_trio_protect: Callable[[Callable[..., Any]], Any] | None = None
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def interrupt_safe(function: F) -> F:
+    """Mark ``function`` as code trio's Ctrl-C must not land in (KI-protected).
+
+    trio raises KeyboardInterrupt at any bytecode of unprotected code. The actor's loop
+    and the caller's side of a call (post, park, abandon, the client's bookkeeping
+    around the reply) are marked, so an interrupt is delivered to trio's main task at
+    its next wait instead, where the call's abandon path handles it. The mark is a
+    per-code-object flag: no cost on any loop, and no trio import until trio runs.
+    """
+    _INTERRUPT_SAFE.append(function)
+    if _trio_protect is not None:
+        _trio_protect(function)
+    return function
+
+
+def _protect_all() -> None:
+    global _trio_protect
+    if _trio_protect is None:
+        import trio
+
+        _trio_protect = trio.lowlevel.enable_ki_protection
+        for function in _INTERRUPT_SAFE:
+            _trio_protect(function)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,32 +189,73 @@ def asyncio_slots() -> SlotKind:
 # ----------------------------------------------------------------------------- trio
 
 
-class _TrioSlot:
-    """A parked trio task waiting for its reply; abandoned once trio aborts the wait."""
+_PENDING: Final = 0  # posted, the caller not parked yet
+_PARKED: Final = 1  # the caller waits in trio's scheduler
+_DELIVERED: Final = 2
+_FAILED: Final = 3
+_ABANDONED: Final = 4
 
-    __slots__ = ("_abandoned", "_task")
+
+class _TrioSlot:
+    """A trio task waiting for its reply; abandoned once trio aborts the wait, or once
+    the call is interrupted before it read its reply.
+
+    The actor reschedules the task only while it is parked here: a reply that arrives
+    before the caller parked (its call yielded elsewhere first, e.g. at the checkpoint
+    of a give-back in a cancelled scope) is kept and returned when the caller awaits.
+    """
+
+    __slots__ = ("_error", "_reply", "_state", "_task")
 
     def __init__(self, task: Any) -> None:
         self._task = task
-        self._abandoned = False
+        self._state = _PENDING
+        self._reply: Any = NO_REPLY
+        self._error: BaseException | None = None
 
     def cancelled(self) -> bool:
-        return self._abandoned
+        return self._state == _ABANDONED
+
+    def done(self) -> bool:
+        return self._state >= _DELIVERED
 
     def set_result(self, result: Any, /) -> None:
-        _trio.reschedule(self._task, _outcome.Value(result))
+        parked = self._state == _PARKED
+        self._state = _DELIVERED
+        self._reply = result
+        if parked:
+            _trio.reschedule(self._task, _outcome.Value(result))
 
     def set_exception(self, exception: BaseException, /) -> None:
-        _trio.reschedule(self._task, _outcome.Error(exception))
+        parked = self._state == _PARKED
+        self._state = _FAILED
+        if parked:
+            _trio.reschedule(self._task, _outcome.Error(exception))
+        else:
+            self._error = exception
 
     def _abort(self, _raise_cancel: Any) -> Any:
         # Trio aborts only a task that is still parked: the actor has not replied.
-        self._abandoned = True
+        self._state = _ABANDONED
         return _trio.Abort.SUCCEEDED
 
     def __await__(self) -> Generator[Any, None, Any]:
-        waiting: Generator[Any, None, Any] = _trio.wait_task_rescheduled(self._abort).__await__()
-        return waiting
+        if self._state == _PENDING:  # the common case: park until the actor replies
+            self._state = _PARKED
+            waiting: Generator[Any, None, Any] = _trio.wait_task_rescheduled(
+                self._abort
+            ).__await__()
+            return waiting
+        return self._early().__await__()
+
+    async def _early(self) -> Any:
+        """The reply (or error) that arrived before the caller parked."""
+        if self._state == _DELIVERED:
+            return self._reply
+        error = self._error
+        assert error is not None, "a trio reply slot awaited twice"
+        self._error = None
+        raise error
 
 
 _trio: Any = None  # trio.lowlevel, bound on first use (trio is optional)
@@ -187,7 +263,16 @@ _outcome: Any = None
 
 
 def _abandon_trio(slot: Any) -> Any:
-    # An aborted wait marked the slot itself; a rescheduled task always reads its reply.
+    # An aborted wait marked the slot itself. A call interrupted before it parked (or
+    # after its reply arrived, before it returned) marks it here: the actor must then
+    # neither reschedule the task nor leave a delivered reply unreturned.
+    if slot._state == _DELIVERED:
+        slot._state = _ABANDONED
+        reply = slot._reply
+        slot._reply = NO_REPLY
+        return reply
+    if slot._state < _DELIVERED:
+        slot._state = _ABANDONED
     return NO_REPLY
 
 
@@ -198,6 +283,7 @@ def trio_slots() -> SlotKind:
     import trio
 
     _trio, _outcome = trio.lowlevel, outcome
+    _protect_all()
     token = trio.lowlevel.current_trio_token()
     current_token = trio.lowlevel.current_trio_token
     current_task = trio.lowlevel.current_task

@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 import anyio.lowlevel
 
 from kvpool.actors import Actor, open_actor
+from kvpool.actors.slots import interrupt_safe
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager import KvManager
@@ -249,5 +250,7 @@ async def open_manager(
     async with open_actor(ManagerHandlers(manager).table()) as actor:
         yield ManagerClient(actor, capacity, block_size)
 
+
+interrupt_safe(open_manager.__wrapped__)  # type: ignore[attr-defined]
 
 __all__ = ["ManagerClient", "open_manager"]

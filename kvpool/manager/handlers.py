@@ -12,6 +12,9 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `AllocateSteps` hands blocks and events out: each allocation of each step undone as
   `AllocateSlots`'s, last first, then the steps' events put back ahead of newer ones.
 - `TakeEvents` hands events out: undone by putting them back ahead of newer ones.
+- `TakeEvents`, `FinishStep` and `AllocateSteps` are ``ordered``: the actor serves one
+  only after every earlier one's reply was read or undone, so putting events back
+  never lands them behind newer events another drainer already took.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
   their caller left; an unread `FinishStep` reply's events are put back.
@@ -65,15 +68,19 @@ class ManagerHandlers:
         """The manager protocol's handler table."""
         return {
             AllocateSlots: Handler(self.allocate, undo=self.undo_allocate, waits=_waits),
-            AllocateSteps: Handler(self.allocate_steps, undo=self.undo_allocate_steps),
+            AllocateSteps: Handler(
+                self.allocate_steps, undo=self.undo_allocate_steps, ordered=True
+            ),
             MarkComputed: Handler(self.mark_computed),
             AppendTokens: Handler(self.append_tokens),
             AddRequest: Handler(self.add_request, undo=self.undo_add_request),
             FreeRequest: Handler(self.free, gives_back=True),
             PreemptRequest: Handler(self.preempt, gives_back=True),
-            FinishStep: Handler(self.finish_step, undo=self.undo_finish_step, gives_back=True),
+            FinishStep: Handler(
+                self.finish_step, undo=self.undo_finish_step, gives_back=True, ordered=True
+            ),
             GetPrefillCost: Handler(self.prefill_cost),
-            TakeEvents: Handler(self.take_events, undo=self.undo_take_events),
+            TakeEvents: Handler(self.take_events, undo=self.undo_take_events, ordered=True),
             GetManagerStats: Handler(self.stats),
             CheckManager: Handler(self.check_invariants),
         }

@@ -488,10 +488,11 @@ class KvManager:
         nothing left to undo: the request was freed or preempted since (its blocks are
         already back) or its table no longer ends with those blocks.
 
+        A reused prefix copy going idle returns to its LRU place (`BlockPool.unadmit`).
         What is *not* undone: evictions (the evicted hashes are gone; their BlockRemoved
-        event stays queued and counted), the prefix-cache query counters, Stored events
-        of blocks made visible since (those copies stay resident, now idle in the LRU),
-        and the LRU position of a reused prefix (it re-enters at the tail, leaf first).
+        event stays queued and counted), the prefix-cache query counters, and Stored
+        events of blocks made visible since (those copies stay resident, idle at the
+        LRU's head: the first to be evicted, as the newest never-used copies).
         Raises `InvalidArgumentError` for a bad request id or allocation.
         """
         rid = check_request_id(request_id)
@@ -503,7 +504,7 @@ class KvManager:
             return True
         if state is None or len(state.table) < len(ids) or state.table[-len(ids) :] != ids:
             return False
-        self._pool.release_many(ids[::-1])
+        self._pool.unadmit(ids[::-1])
         del state.table[-len(ids) :]
         state.computed = min(state.computed, len(state.table) * self._block_size)
         if self._caching:

@@ -75,6 +75,7 @@ class BlockPool:
     __slots__ = (
         "_by_hash",
         "_capacity",
+        "_clock",
         "_dups",
         "_evictions",
         "_free",
@@ -108,6 +109,7 @@ class BlockPool:
         self._dups: dict[object, list[Copy]] = {}  # never holds an empty list
         self._num_copies = 0
         self._num_inactive = 0
+        self._clock = 0  # stamps copies as requests let go of them (Copy.stamp)
         self._reserved = 0
         self._refs = 0  # request references: one per private copy plus cached refs
         # Cumulative counters (kvpool's one source of them; see `reserves`).
@@ -368,6 +370,29 @@ class BlockPool:
         named in the batch), so a bad id raises before anything changes. Callers pass a
         request's table reversed to release it leaf first.
         """
+        for copy in self._releasable(block_ids):
+            self._release(copy)
+
+    def unadmit(self, block_ids: object) -> None:
+        """Undo an `admit` whose result nobody used: `release_many` of its ids (pass them
+        leaf first), except that a cached copy going idle returns to the LRU place it
+        would hold had the admit never happened (by its stamp), not to the tail.
+
+        Evictions the admit made stay made. Raises as `release_many`, changing nothing.
+        """
+        for copy in self._releasable(block_ids):
+            if copy.hash is None:
+                self._release(copy)
+                continue
+            holds = copy.holds - 1
+            copy.holds = holds
+            self._refs -= 1
+            if not holds:
+                self._link_by_stamp(copy)
+
+    def _releasable(self, block_ids: object) -> list[Copy]:
+        """The copies ``block_ids`` name, each checked to hold as many references as it
+        is named; raises before anything changes."""
         ids = block_ids if type(block_ids) is list else _as_list(block_ids)
         copies: list[Copy] = []
         try:
@@ -380,8 +405,7 @@ class BlockPool:
         finally:
             for copy in copies:
                 copy.holds += 1
-        for copy in copies:
-            self._release(copy)
+        return copies
 
     def unallocate(self, block_id: object, reservation: object = None) -> None:
         """Undo an allocation: the copy leaves the pool as if it had never been allocated.
@@ -430,6 +454,16 @@ class BlockPool:
 
     def cancel(self, reservation: object) -> None:
         """Return unconsumed capacity and unpin the unactivated prefix, leaf first."""
+        self._cancel(reservation, False)
+
+    def unreserve(self, reservation: object) -> None:
+        """Undo a `reserve` whose result nobody used: `cancel` it, except that a prefix
+        copy going idle returns to the LRU place it would hold had the reserve never
+        happened (by its stamp), not to the tail. Evictions the reserve made stay made.
+        Raises as `cancel`."""
+        self._cancel(reservation, True)
+
+    def _cancel(self, reservation: object, undo: bool) -> None:
         if type(reservation) is not Reservation or reservation._pool is not self:
             _foreign(reservation)
         if reservation._closed:
@@ -444,6 +478,13 @@ class BlockPool:
             for copy in reversed(prefix):
                 holds = copy.holds - PIN
                 copy.holds = holds
+                if undo:
+                    if not holds:
+                        self._link_by_stamp(copy)  # counts itself
+                    continue
+                clock = self._clock + 1
+                self._clock = clock
+                copy.stamp = clock
                 if not holds:
                     tail = cast(Copy, sentinel.prev)
                     tail.next = copy
@@ -456,6 +497,21 @@ class BlockPool:
         if fresh:
             self._reserved -= fresh
             reservation._fresh = 0
+
+    def _link_by_stamp(self, copy: Copy) -> None:
+        """Link an idle copy into the LRU at its stamp's place (from the tail back: an
+        undo follows its call closely, so the place is near the tail)."""
+        sentinel = self._lru
+        node = cast(Copy, sentinel.prev)
+        stamp = copy.stamp
+        while node is not sentinel and node.stamp > stamp:
+            node = cast(Copy, node.prev)
+        nxt = cast(Copy, node.next)
+        node.next = copy
+        copy.prev = node
+        copy.next = nxt
+        nxt.prev = copy
+        self._num_inactive += 1
 
     # -------------------------------------------------------------- internals
 
@@ -538,6 +594,9 @@ class BlockPool:
         holds = copy.holds - 1
         copy.holds = holds
         self._refs -= 1
+        clock = self._clock + 1
+        self._clock = clock
+        copy.stamp = clock
         if not holds:
             sentinel = self._lru
             tail = cast(Copy, sentinel.prev)
@@ -656,6 +715,10 @@ class BlockPool:
                 "active copy is linked into the inactive LRU",
             )
             _require(cursor.prev is previous, "inactive LRU contains a broken back-pointer")
+            _require(
+                previous is sentinel or previous.stamp <= cursor.stamp,
+                "inactive LRU is out of stamp order",
+            )
             previous = cursor
             cursor = cursor.next
         _require(sentinel.prev is previous, "inactive LRU tail does not match its last copy")

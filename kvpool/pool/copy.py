@@ -20,6 +20,7 @@ class Copy:
     pins above them; a private copy holds exactly one reference. A cached copy is linked
     into the inactive LRU (``prev``/``next`` not None) if and only if ``holds == 0``,
     that is, both its refs and its pins are zero: one word keeps that test one compare.
+    ``stamp`` orders the LRU (see `BlockPool.unreserve`).
 
     Compiled, a copy stays out of the cyclic garbage collector (``acyclic``): a pool
     allocates one per block, and collections were a quarter of the cost at a million
@@ -27,7 +28,7 @@ class Copy:
     itself: on eviction, and for the whole LRU when the pool is dropped.
     """
 
-    __slots__ = ("hash", "holds", "id", "next", "prev")
+    __slots__ = ("hash", "holds", "id", "next", "prev", "stamp")
 
     def __init__(self, id: int, hash: object, holds: int) -> None:
         self.id = id
@@ -35,6 +36,10 @@ class Copy:
         self.holds = holds
         self.prev: Copy | None = None
         self.next: Copy | None = None
+        # The pool's LRU clock when a request last let go of this cached copy (a release
+        # or a cancel's unpin): the LRU is in stamp order, oldest first, so an undo can
+        # put a copy back exactly where it would be had the undone call never happened.
+        self.stamp = 0
 
     @property
     def refs(self) -> int:

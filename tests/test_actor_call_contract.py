@@ -1,4 +1,4 @@
-"""Regression tests for the four defects of issue 9, on asyncio, uvloop and trio.
+"""The call contract's everyday edges, on asyncio, uvloop and trio.
 
 1. Client methods are coroutines: ``tg.start_soon(pool.free, ids)`` works everywhere and
    a forgotten ``pool.free(ids)`` warns "never awaited".
@@ -8,7 +8,7 @@
    mutation.
 4. Every call is a checkpoint whatever other tasks did, and a handing-out call made in
    an already-cancelled scope raises the cancellation and takes no effect, while a
-   give-back call in one still takes effect.
+   give-back call in one still takes effect (and raises the cancellation).
 """
 
 from __future__ import annotations
