@@ -126,7 +126,7 @@ class HfTokenizer:
     def _round_trip_words(self) -> list[int]:
         """The ids output may use: tokens whose text is one word (letters or digits,
         with at most the tokenizer's own leading space, and only those with it if it
-        has any), that re-encode to themselves alone and twice in a row, so that any
+        has any), that re-encode to themselves twice in a row, so that any
         sequence of them decodes to text that re-encodes to the same sequence (checked
         on all of them at once). Every id if the tokenizer has none such (e.g. a
         character-level vocabulary)."""
@@ -134,15 +134,11 @@ class HfTokenizer:
         texts = self._tokenizer.decode_batch([[t] for t in every])
         words = [t for t, text in zip(every, texts, strict=True) if _is_word(text)]
         if words:
+            # a pair splits where one token would (a space-marking pre-tokenizer splits
+            # before each word): the one-token check follows from it
             pairs = self._tokenizer.decode_batch([[t, t] for t in words])
-            encode = self._tokenizer.encode_batch
-            alone = encode([texts[t] for t in words], add_special_tokens=False)
-            twice = encode(pairs, add_special_tokens=False)
-            words = [
-                t
-                for t, one, two in zip(words, alone, twice, strict=True)
-                if one.ids == [t] and two.ids == [t, t]
-            ]
+            twice = self._tokenizer.encode_batch(pairs, add_special_tokens=False)
+            words = [t for t, two in zip(words, twice, strict=True) if two.ids == [t, t]]
         # a byte-level tokenizer marks a word's start by a space of its own: its
         # unspaced words are pieces that merge with a preceding word
         spaced = [t for t in words if texts[t].startswith(" ")]
