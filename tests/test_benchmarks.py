@@ -36,6 +36,10 @@ RUNS = {
         ["bench_fidelity.py", "--multiturn", SAMPLE, "--timing", "polynomial"],
         ["preemptions", "hit tokens", "same TTFT", "target"],
     ),
+    "report-identity": (
+        ["bench_report_identity.py", "--no-multiturn", "--no-dynamo", "--kv-backend", "local"],
+        ["sample trace", "this tree"],
+    ),
     "memory": (
         ["bench_memory.py", "--trace", SAMPLE],
         ["peak RSS", "target < 500 MB", "the run's own wall time"],

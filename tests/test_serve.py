@@ -19,6 +19,7 @@ import pytest
 import zmq
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
+from uvicorn_backends import uvicorn_backend_fixture
 
 from kvpool.engine import EngineConfig, TimingModel
 from kvpool.events import BlockStored, ZmqEventPublisher, decode_batch
@@ -29,16 +30,7 @@ GUARD_S = 20
 MODEL = "kvpool-mock"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
-    backend: tuple[str, dict[str, Any]] = request.param
-    return backend
+anyio_backend = uvicorn_backend_fixture()
 
 
 def small_state(**overrides: Any) -> ServeState:
