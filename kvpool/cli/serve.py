@@ -27,18 +27,28 @@ def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     http.add_argument(
         "--port", type=int_at_least(0, MAX_PORT), default=8000, help="(default: %(default)s)"
     )
+    # vLLM's `vllm serve MODEL` (or --model): the name served unless
+    # --served-model-name says otherwise, and the tokenizer when it is a local path
+    http.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as `vllm serve MODEL` takes it: the name served (unless "
+        "--served-model-name), and the tokenizer too if it is a local directory "
+        "(unless --tokenizer); nothing is ever downloaded",
+    )
+    http.add_argument("--model", metavar="MODEL", help="the same as MODEL")
     http.add_argument(
         "--served-model-name",
-        default="kvpool-mock",
         metavar="NAME",
-        help="the model name clients must send (default: %(default)s)",
+        help="the model name clients must send (default: MODEL, else kvpool-mock)",
     )
     http.add_argument(
         "--tokenizer",
         metavar="PATH",
         help="a local Hugging Face tokenizer: a model directory holding tokenizer.json, "
-        "or the file (default: a built-in deterministic word tokenizer; nothing is ever "
-        "downloaded)",
+        "or the file (default: MODEL if it is a local directory, else a built-in "
+        "deterministic word tokenizer; nothing is ever downloaded)",
     )
     http.add_argument(
         "--max-request-body-bytes",
