@@ -199,3 +199,13 @@ def test_the_import_graph_reads_lazy_imports_and_skips_type_checking_ones() -> N
     # a TYPE_CHECKING-only import is no edge
     assert "kvpool.manager.client" not in graph["kvpool.manager"]
     assert "kvpool.manager.kv_manager" in graph["kvpool.manager"]
+
+
+def test_the_one_lazy_loader_serves_both_namespaces() -> None:
+    import kvpool.manager
+    from kvpool.manager.client import ManagerClient
+
+    assert kvpool.manager.ManagerClient is ManagerClient
+    assert kvpool.ManagerClient is ManagerClient
+    with pytest.raises(AttributeError, match=r"'kvpool\.manager' has no attribute 'nothing'"):
+        _ = kvpool.manager.nothing  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from kvpool.flags.values import MAX_PORT, MAX_WORKERS, int_at_least, speedup
 
 
 def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``kvpool serve`` to ``kvpool``'s subcommands."""
     serve = commands.add_parser(
         "serve",
         help="serve the OpenAI API, vLLM's /metrics and KV events over a mock engine",

@@ -238,9 +238,10 @@ def check_simulate_flags(args: argparse.Namespace, parser: argparse.ArgumentPars
 
 
 def simulate_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> SimulationRun:
-    """Run what ``kvpool simulate`` runs for ``args`` (parsed by `build_parser`), with no
-    output, progress bar or KV-event socket: ``kvpool sweep`` runs each configuration
-    through it, so a sweep's reports are the ones ``kvpool simulate`` writes.
+    """Run what ``kvpool simulate`` runs for ``args`` (parsed by `simulate_parser` or
+    `kvpool.cli.build_parser`), with no output, progress bar or KV-event socket:
+    ``kvpool sweep`` runs each configuration through it, so a sweep's reports are the
+    ones ``kvpool simulate`` writes.
 
     Exits through ``parser.error`` for contradictory flags; raises `PoolError`,
     `TraceError` or ``ImportError`` for input that cannot be used.
@@ -343,6 +344,9 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
 
 
 def unwritable(target: str) -> str | None:
+    """Why ``target`` cannot be written (a directory, no such directory, refused), or
+    None; a file that did not exist is left not existing. ``kvpool sweep`` checks its
+    outputs with it too."""
     path = Path(target)
     if path.is_dir():
         return f"{target} is a directory"
