@@ -9,7 +9,7 @@ import sys
 
 from kvpool.flags.engine import add_engine_flags
 from kvpool.flags.events import add_event_flags
-from kvpool.flags.values import MAX_PORT, MAX_WORKERS, int_at_least, speedup
+from kvpool.flags.values import MAX_PORT, MAX_WORKERS, int_at_least, number_in, speedup
 
 
 def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -95,7 +95,7 @@ def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     faults = serve.add_argument_group("failure injection (router tests)")
     faults.add_argument(
         "--failure-rate",
-        type=_failure_rate,
+        type=number_in(0.0, 1.0),
         default=0.0,
         metavar="P",
         help="fail each valid generation request with probability P, seeded (default: 0)",
@@ -116,19 +116,6 @@ def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "connection cut mid-response); default: all",
     )
     serve.set_defaults(handler=_serve)
-
-
-def _failure_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return value
-
-
-_failure_rate.__name__ = "number"
 
 
 def _failure_types(text: str) -> tuple[str, ...]:

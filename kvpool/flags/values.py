@@ -4,6 +4,7 @@ past its bound is a usage error (one line, nothing run), not a run that hangs or
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 MAX_PORT = 65535
@@ -13,6 +14,8 @@ _MAX_SPEEDUP = 1e9
 
 
 def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An integer ``>= minimum`` (and ``<= maximum``)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -55,3 +58,37 @@ def speedup(text: str) -> float:
 
 
 speedup.__name__ = "number"
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An integer in ``[low, high]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def number_in(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
+    """A finite number in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        too_low = value <= low if low_open else value < low
+        if math.isnan(value) or too_low or value > high:
+            bound = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"must be in {bound}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse

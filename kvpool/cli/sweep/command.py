@@ -34,6 +34,7 @@ from kvpool.cli.sweep.grid import (
     read_grid_file,
 )
 from kvpool.cli.sweep.table import METRICS, table_csv, table_json, table_text
+from kvpool.flags.values import int_in
 
 _DEFAULT_METRIC = "ttft_s.p99"
 _MAX_JOBS = 4096
@@ -66,19 +67,6 @@ examples:
   kvpool sweep --trace a.jsonl --trace b.jsonl --grid num-gpu-blocks=2048,4096 --jobs 4
   kvpool sweep --config sweep.toml --ray auto --json sweep.json
 """
-
-
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= value <= _MAX_JOBS:
-        raise argparse.ArgumentTypeError(f"must be in [1, {_MAX_JOBS}], got {value}")
-    return value
-
-
-_jobs.__name__ = "int"
 
 
 def add_sweep_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -114,7 +102,7 @@ def add_sweep_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     where.add_argument(
         "--jobs",
         "-j",
-        type=_jobs,
+        type=int_in(1, _MAX_JOBS),
         metavar="N",
         help="runs at once, each in its own process (default: one per core, here "
         f"{default_jobs()}); 1 runs them one after another in this process",
