@@ -1,9 +1,9 @@
 """``kvpool sweep``: a grid of ``kvpool simulate`` configurations, run on this machine's
 cores or a Ray cluster, their reports collected into one table and a plot.
 
-`kvpool.cli.sweep.grid` turns a grid spec into checked runs, `kvpool.cli.sweep.execute` runs
-them, `kvpool.cli.sweep.table` tabulates the reports, `kvpool.cli.sweep.plot` draws them and
-`kvpool.cli.sweep.command` is the command line.
+`grid` turns a grid spec into checked runs (each parsed and checked by
+`kvpool.cli.simulate`, as ``kvpool simulate`` checks its own), `execute` runs them,
+`table` tabulates the reports, `plot` draws them and `command` is the command line.
 """
 
 from kvpool.cli.sweep.execute import Outcome, run_configuration

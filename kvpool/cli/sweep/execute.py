@@ -1,8 +1,8 @@
 """Running a sweep's configurations: one at a time in this process, in a pool of
 processes (one per core by default), or as tasks on a Ray cluster.
 
-Each configuration runs through `kvpool.cli.simulate.simulate_run`, the code ``kvpool simulate``
-runs, so its report is the one ``kvpool simulate`` would write for the same flags (its
+Each configuration runs through `kvpool.cli.simulate.simulate_run`, the code ``kvpool
+simulate`` runs, so its report is the one ``kvpool simulate`` would write for the same flags (its
 wall-clock figures aside). A configuration that fails (bad input, an exception, a
 leaked block, a worker process that died) is an `Outcome` with an error, never the end
 of the sweep.
