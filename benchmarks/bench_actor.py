@@ -11,13 +11,13 @@ Run:  python benchmarks/bench_actor.py            (about 40 s)
    actor* (`minimal_actor`): one ``call`` coroutine posting to an anyio memory object
    stream with ``send_nowait``, drained in batches, replying through a loop future (on
    trio, rescheduling the parked task), with no cancellation handling, no dispatch, no
-   undo. Issue 9's target: kvpool's
+   undo. The target: kvpool's
    round trip at 100 clients on uvloop within 1.5x of the minimal actor's.
 2. Workload: cycles of ``admit`` (a 32-block chain, half of them sharing a system
    prefix) + ``cache_many`` of the fresh blocks + ``free``, through the actor from 1
    and 16 concurrent clients, against the same three calls made straight on a bare
    `BlockPool` in the same process. Ratio = bare time / actor time (median of per-turn
-   pairs); issue 9's target: at least 0.7 from 16 clients on uvloop. Beside them, the
+   pairs); the target: at least 0.7 from 16 clients on uvloop. Beside them, the
    minimal actor of section 1 making the same three calls from 16 clients: the floor
    of what a round trip per call costs on this loop.
 """

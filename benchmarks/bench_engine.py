@@ -5,7 +5,7 @@ Reproduce the figures (from the repository root, the pool core compiled as
 
     python benchmarks/bench_engine.py            # embedded default, every KV backend
     python benchmarks/bench_engine.py --repeat 5 --workers 2
-    python benchmarks/bench_engine.py --traces   # + issue 11's traces (needs ../shared)
+    python benchmarks/bench_engine.py --traces   # + the multi-turn, Mooncake traces (../shared)
     python benchmarks/bench_engine.py --multiturn synth.jsonl    # that trace only
 
 **Embedded default** (always run). For each KV backend (``local``: a `KvManager` called
@@ -23,12 +23,12 @@ best of ``--repeat`` runs:
 - from one cProfile run: the share of (profiled) time inside the pool core, the manager
   and hashing, the actor machinery, and the engine.
 
-Targets (issue 5): the embedded default completes in under 15 s; the pool is not the
-bottleneck (its share under half of wall time). Issue 9: the actor backend is no slower
-than before the actor became one task with one mailbox; `BEFORE_ISSUE_9` is that run's
+Targets: the embedded default completes in under 15 s; the pool is not the bottleneck
+(its share under half of wall time); the actor backend is no slower than at 92c3dcf,
+before the actor became one task with one mailbox; `DIRECT_TURNS_ACTOR` is that run's
 figure, measured on this machine class (reproduce it at that commit with this script).
 
-**Traces** (issue 11's "Speed"; only with ``--traces``, or ``--multiturn``/``--mooncake``
+**Traces** (only with ``--traces``, or ``--multiturn``/``--mooncake``
 for one of them; skipped with a note when a file is missing: a fresh checkout has no
 ``../shared``). Each trace is read as ``kvpool simulate --trace`` reads it (a
 `MooncakeTrace`: one validation pass, timed apart, then streamed during the run); one
@@ -39,7 +39,7 @@ the trace's second read included):
   --session-rate 1.0`` writes (8,957 requests; generated into a temporary directory
   unless ``--multiturn`` names a copy), ``--num-gpu-blocks 4096``: fast-forward (the
   default) on each backend against the target of 10,000 requests per wall second, and
-  step by step (``fast_forward=False``, one run each: about a minute before issue 11) with
+  step by step (``fast_forward=False``, one run each: about a minute before 3379ac5) with
   whether its report's totals equal the fast-forward run's; then, from extra untimed
   runs (local backend, which makes the same calls), the steps simulated against the
   steps the engine took one at a time and its jumps, and the KV calls of each path by
@@ -90,7 +90,7 @@ from kvpool.hashing import BlockHasher, ChunkMemo
 from kvpool.hashing.run_keys import RunKeyer, RunMemo
 from kvpool.workloads import MooncakeTrace, RequestSpec, default_workload
 
-BEFORE_ISSUE_9 = ("92c3dcf", 0.264)
+DIRECT_TURNS_ACTOR = ("92c3dcf", 0.264)
 """(commit, best wall seconds) of the actor backend on the embedded default, with direct
 turns and a deque mailbox: `run_simulation` of 92c3dcf's own build in a worktree, six
 best-of-3 runs alternating with 9350aae's on the machine of the 2026-12-01 session
@@ -105,7 +105,8 @@ MULTITURN_BLOCKS = 4096
 MOONCAKE = SHARED / "traces" / "mooncake_synthetic_trace.jsonl.gz"
 MOONCAKE_BLOCKS = (EngineConfig().num_gpu_blocks, 16384)
 TARGET_REQUESTS_PER_S = 10_000
-"""Issue 11: the multi-turn trace, actor backend, fast-forward (Dynamo's mocker: ~10,000)."""
+"""Requests per wall second: the multi-turn trace, actor backend, fast-forward (Dynamo's
+mocker: ~10,000)."""
 CLI_EVENTS = False
 """``enable_kv_cache_events`` of the trace runs: what ``kvpool simulate --trace`` runs
 without ``--zmq-kv-event-port`` (nobody to publish to, so no event is built; the report
@@ -519,7 +520,7 @@ def naming_costs(requests: Iterable[RequestSpec], block_size: int) -> None:
 
 
 def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: str) -> None:
-    """Issue 11's multi-turn trace: fast-forward against the target, and step by step."""
+    """The multi-turn trace: fast-forward against the target, and step by step."""
     if not path.is_file():
         print(f"\nmulti-turn trace: skipped, no file {path}")
         return
@@ -744,7 +745,7 @@ def plain_copy(path: Path) -> Iterator[Path]:
 
 
 def embedded_section(args: argparse.Namespace) -> None:
-    """The embedded default workload on every backend, as before issue 11."""
+    """The embedded default workload on every backend."""
     requests = default_workload(args.seed)
     print(
         f"embedded default workload: {len(requests)} requests, seed {args.seed}, "
@@ -764,8 +765,9 @@ def embedded_section(args: argparse.Namespace) -> None:
         print(f"\n[{name}] best of {args.repeat}")
         print(f"  wall time                {wall:8.2f} s  (target < 15 s)")
         if name == "actor":
-            commit, seconds = BEFORE_ISSUE_9
-            print(f"  before issue 9 ({commit})  {seconds:8.2f} s  (same workload, 2026-12-01)")
+            commit, seconds = DIRECT_TURNS_ACTOR
+            label = f"{commit}, direct turns"
+            print(f"  {label:<25}{seconds:8.2f} s  (same workload, 2026-12-01)")
         print(f"  simulated time           {run.report.simulated_s:8.2f} s")
         print(f"  requests per wall second {total.requests_submitted / wall:8.0f}")
         print(f"  steps per wall second    {total.steps / wall:8.0f}")

@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -46,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from bench_engine import GENERATOR, MULTITURN_ARGS
+from bench_engine import GENERATOR, MULTITURN_ARGS, multiturn_trace
 from build_info import REPO, describe_build
 
 from kvpool.engine import EngineConfig
@@ -184,21 +182,6 @@ def case_row(label: str, ours: Side, theirs: Side | None) -> bool:
     return met
 
 
-def multiturn_path(named: Path | None, workdir: Path) -> Path | None:
-    if named is not None:
-        return named
-    if not GENERATOR.is_file():
-        print(f"multi-turn trace: skipped, no generator at {GENERATOR} (use --multiturn)")
-        return None
-    out = workdir / "synth.jsonl"
-    subprocess.run(
-        [sys.executable, str(GENERATOR), *MULTITURN_ARGS, "--out", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -223,7 +206,7 @@ def main() -> None:
         npz = write_profile(Path(workdir) / "flat_profile.npz")
         profile = Dynamo16ProfileTiming.from_npz(npz)
         traces = [("sample trace", SAMPLE, SAMPLE_BLOCKS)]
-        multiturn = multiturn_path(args.multiturn, Path(workdir))
+        multiturn = multiturn_trace(args.multiturn, Path(workdir))
         if multiturn is not None:
             traces.append(("multi-turn trace", multiturn, MULTITURN_BLOCKS))
         timings: list[tuple[str, StepTiming]] = []

@@ -1,4 +1,4 @@
-"""Memory benchmark: peak RSS of ``kvpool simulate`` on a long trace (issue 11).
+"""Memory benchmark: peak RSS of ``kvpool simulate`` on a long trace.
 
 Reproduce the figures (from the repository root; the trace generator is in ``../shared``):
 
@@ -18,7 +18,7 @@ The run is ``kvpool simulate --trace FILE --num-gpu-blocks 4096 --no-progress`` 
 flag given here is passed on to it) in a child process; the figures are the child's peak
 resident set size (``ru_maxrss`` from ``wait4``: the interpreter, the imports and the
 whole run, report included), its wall time (startup and the trace's validation pass
-included) and the run's own wall time from its JSON report. Target (issue 11): peak RSS
+included) and the run's own wall time from its JSON report. Target: peak RSS
 under 500 MB (10^6 bytes).
 
 ``--breakdown`` runs the same simulation in this process instead and prints what holds

@@ -7,8 +7,7 @@ anyio and of every actor module.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvpool.errors import (
     AlreadyCachedError,
@@ -36,6 +35,7 @@ from kvpool.errors import (
     UnknownRequestError,
     WrongLoopError,
 )
+from kvpool.lazy import lazy_attributes
 from kvpool.pool import Admission, BlockId, BlockPool, PrefixHit, Reservation, ReserveOutcome
 
 if TYPE_CHECKING:
@@ -44,21 +44,17 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "Lease": "kvpool.actors",
-    "PoolClient": "kvpool.actors",
-    "open_pool": "kvpool.actors",
-    "KvManager": "kvpool.manager",
-    "ManagerClient": "kvpool.manager",
-    "open_manager": "kvpool.manager",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvpool' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "Lease": "kvpool.actors",
+        "PoolClient": "kvpool.actors",
+        "open_pool": "kvpool.actors",
+        "KvManager": "kvpool.manager",
+        "ManagerClient": "kvpool.manager",
+        "open_manager": "kvpool.manager",
+    },
+)
 
 
 __all__ = [

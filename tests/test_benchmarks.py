@@ -19,7 +19,7 @@ RUNS = {
     "actor": (["bench_actor.py", "--quick"], ["Round trip", "minimal actor", "x bare"]),
     "engine": (
         ["bench_engine.py", "--repeat", "1", "--no-profile"],
-        ["wall time", "before issue 9", "inside pool actor turns"],
+        ["wall time", "direct turns", "inside pool actor turns"],
     ),
     "engine-traces": (
         [

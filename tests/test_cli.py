@@ -23,6 +23,7 @@ import pytest
 
 from kvpool import cli
 from kvpool.events import decode_batch
+from kvpool.flags.engine import engine_config
 from kvpool.workloads import SyntheticWorkload, read_mooncake_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -486,8 +487,8 @@ def test_kv_events_are_built_only_when_they_are_published(command: str) -> None:
     parser = cli.build_parser()
     quiet = parser.parse_args([command])
     publishing = parser.parse_args([command, "--zmq-kv-event-port", "5557"])
-    assert not cli.engine_config(quiet, parser).enable_kv_cache_events
-    assert cli.engine_config(publishing, parser).enable_kv_cache_events
+    assert not engine_config(quiet, parser).enable_kv_cache_events
+    assert engine_config(publishing, parser).enable_kv_cache_events
 
 
 @pytest.mark.parametrize(
@@ -500,7 +501,7 @@ def test_kv_events_are_built_only_when_they_are_published(command: str) -> None:
     ],
 )
 def test_the_zmq_host_makes_an_endpoint_ipv6_included(host: str, endpoint: str) -> None:
-    from kvpool.cli import zmq_endpoint
+    from kvpool.flags.events import zmq_endpoint
 
     assert zmq_endpoint(host, 5557) == endpoint
 

@@ -12,6 +12,7 @@ import pytest
 from kvpool import cli
 from kvpool.engine import EngineConfig, LocalKvClient, MockEngine, StepResult
 from kvpool.errors import InvalidArgumentError
+from kvpool.flags.engine import engine_config
 from kvpool.workloads import RequestSpec, Segment, mix_seed
 
 pytestmark = pytest.mark.anyio
@@ -198,11 +199,11 @@ def test_scheduler_reserve_full_isl_must_be_a_bool() -> None:
 @pytest.mark.parametrize("command", ["simulate", "serve"])
 def test_the_admission_flags_reach_the_engine_config(command: str) -> None:
     parser = cli.build_parser()
-    default = cli.engine_config(parser.parse_args([command]), parser)
+    default = engine_config(parser.parse_args([command]), parser)
     assert default.scheduler_reserve_full_isl is True  # vLLM's default
     assert default.watermark == 0.0
     flags = [command, "--no-scheduler-reserve-full-isl", "--watermark", "0.05"]
-    config = cli.engine_config(parser.parse_args(flags), parser)
+    config = engine_config(parser.parse_args(flags), parser)
     assert config.scheduler_reserve_full_isl is False
     assert config.watermark == 0.05
 
@@ -216,6 +217,6 @@ def test_a_bad_watermark_is_a_usage_error(
 ) -> None:
     parser = cli.build_parser()
     with pytest.raises(SystemExit) as exited:
-        cli.engine_config(parser.parse_args(["simulate", "--watermark", value]), parser)
+        engine_config(parser.parse_args(["simulate", "--watermark", value]), parser)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Issue 11, fast-forward: `MockEngine.fast_forward` jumps over the pure decode steps in
+"""Fast-forward: `MockEngine.fast_forward` jumps over the pure decode steps in
 closed form, and a run is identical to stepping one step at a time.
 
 Identical means ``==``, floats bitwise: the report (less wall time and settings), the

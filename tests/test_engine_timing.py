@@ -30,6 +30,7 @@ from kvpool.engine import (
 )
 from kvpool.engine.runner import KvFactory, open_actor_kv, open_local_kv
 from kvpool.errors import InvalidArgumentError
+from kvpool.flags.engine import engine_config
 from kvpool.workloads import RequestSpec, Segment, mix_seed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -338,7 +339,7 @@ def test_the_dynamo_release_picks_the_model(tmp_path: Path, flags: list[str], mo
     profile = str(write_profile(tmp_path / "profile.npz"))
     parser = cli.build_parser()
     args = parser.parse_args(["simulate", *(profile if f == "P" else f for f in flags)])
-    assert type(cli.engine_config(args, parser).timing) is model
+    assert type(engine_config(args, parser).timing) is model
 
 
 def test_the_cli_refuses_a_bad_profile_in_one_line_before_the_run(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Each layer imports only the layers above it; the pool core never touches an event loop."""
+"""Each layer imports only the layers above it, the package has no import cycle, and the
+pool core never touches an event loop."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "kvpool"
 
 # Top to bottom: a module may import its own layer and the ones before it, never after.
+# The flags both commands share (`flags`) sit above `serve`, so serve's handler reads
+# them without importing the command line (`cli`: every command, the sweep included).
 LAYERS = [
+    "lazy",
     "errors",
     "pool",
     "messages",
@@ -22,8 +26,12 @@ LAYERS = [
     "manager",
     "workloads",
     "engine",
+    "flags",
+    "serve",
     "cli",
 ]
+# The package's own entry points: the top-level namespace and ``python -m kvpool``.
+UNLAYERED = {"kvpool", "kvpool.__main__"}
 ASYNC_MODULES = {"asyncio", "anyio", "trio", "sniffio", "uvloop"}
 
 
@@ -46,6 +54,10 @@ def _imports(path: Path) -> list[str]:
 
 def _modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if _layer_of(_dotted(p)) is not None)
+
+
+def _all_modules() -> dict[str, Path]:
+    return {_dotted(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
 def _dotted(path: Path) -> str:
@@ -93,3 +105,107 @@ def test_the_top_level_namespace_loads_the_async_layers_on_first_use() -> None:
     assert callable(kvpool.open_manager)
     with pytest.raises(AttributeError):
         _ = kvpool.no_such_name  # type: ignore[attr-defined]
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    """A new top-level package must take its place in `LAYERS`, or nothing checks it."""
+    loose = sorted(set(_all_modules()) - UNLAYERED - {_dotted(p) for p in _modules()})
+    assert not loose, f"modules in no layer: {loose}"
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules ``module`` imports at run time: every import statement, in a
+    function body too (one there runs later, but a cycle through it is a cycle all the
+    same: the one between the command line and serve's handler was so), but none under
+    ``if TYPE_CHECKING:``. ``from P import N`` imports P, and P.N when that is a module."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    class Imports(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if not _is_type_checking(node.test):
+                for child in node.body:
+                    self.visit(child)
+            for child in node.orelse:
+                self.visit(child)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(alias.name for alias in node.names)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            base = node.module or ""
+            if node.level:  # relative: from the package, one level up per extra dot
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+
+    Imports().visit(ast.parse(path.read_text()))
+    return {name for name in found if name in known and name != module}
+
+
+def _import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (its modules in import order, the first repeated), or None:
+    a depth-first search, a module on the current path met again closing the cycle."""
+    done: set[str] = set()
+    for root in sorted(graph):
+        if root in done:
+            continue
+        path = [root]
+        children = [iter(sorted(graph[root]))]
+        while children:
+            child = next(children[-1], None)
+            if child is None:
+                children.pop()
+                done.add(path.pop())
+            elif child in path:
+                return [*path[path.index(child) :], child]
+            elif child not in done:
+                path.append(child)
+                children.append(iter(sorted(graph[child])))
+    return None
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _all_modules()
+    known = set(modules)
+    return {name: _runtime_imports(name, path, known) for name, path in modules.items()}
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    """Between modules, not only between layers: two modules of one layer may not
+    import each other either (a lazy import does not make a cycle one)."""
+    cycle = _import_cycle(_import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert _import_cycle(graph) == ["a", "b", "c", "a"]
+    assert _import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_import_graph_reads_lazy_imports_and_skips_type_checking_ones() -> None:
+    graph = _import_graph()
+    # kvpool.serve.command imports the shared flags inside run_serve
+    assert "kvpool.flags.events" in graph["kvpool.serve.command"]
+    assert "kvpool.serve.command" in graph["kvpool.cli.serve"]
+    # a TYPE_CHECKING-only import is no edge
+    assert "kvpool.manager.client" not in graph["kvpool.manager"]
+    assert "kvpool.manager.kv_manager" in graph["kvpool.manager"]
+
+
+def test_the_one_lazy_loader_serves_both_namespaces() -> None:
+    import kvpool.manager
+    from kvpool.manager.client import ManagerClient
+
+    assert kvpool.manager.ManagerClient is ManagerClient
+    assert kvpool.ManagerClient is ManagerClient
+    with pytest.raises(AttributeError, match=r"'kvpool\.manager' has no attribute 'nothing'"):
+        _ = kvpool.manager.nothing  # type: ignore[attr-defined]

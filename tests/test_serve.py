@@ -19,6 +19,7 @@ import pytest
 import zmq
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
+from uvicorn_backends import uvicorn_backend_fixture
 
 from kvpool.engine import EngineConfig, TimingModel
 from kvpool.events import BlockStored, ZmqEventPublisher, decode_batch
@@ -29,16 +30,7 @@ GUARD_S = 20
 MODEL = "kvpool-mock"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
-    backend: tuple[str, dict[str, Any]] = request.param
-    return backend
+anyio_backend = uvicorn_backend_fixture()
 
 
 def small_state(**overrides: Any) -> ServeState:
@@ -491,3 +483,48 @@ async def test_the_startup_heap_is_frozen_only_when_asked() -> None:
                 assert gc.get_freeze_count() > before
     finally:
         gc.unfreeze()
+
+
+async def test_every_finish_reason_has_a_series_from_the_start() -> None:
+    """vLLM creates ``vllm:request_success`` for each of its finish reasons and engines
+    at start-up (at 0), so an abort-rate query has a series before the first abort."""
+    state = small_state(data_parallel_size=2)
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            text = (await client.get("/metrics")).text
+    found = {
+        (sample.labels["engine"], sample.labels["finished_reason"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vllm:request_success_total"
+    }
+    reasons = ("stop", "length", "abort", "error", "repetition")  # vLLM 0.33's strings
+    assert found == {(engine, reason): 0.0 for engine in ("0", "1") for reason in reasons}
+
+
+async def test_a_request_sent_while_a_step_runs_waits_for_it_in_its_queue_time() -> None:
+    """vLLM stamps a request's arrival in its API server: one sent while a step runs is
+    queued until that step ends, and ``vllm:request_queue_time_seconds`` says so (the
+    engine stamps it later, at the step's end, so every such wait read 0). Steps of
+    100 ms at real time: the second request is sent as the first one's first token
+    arrives, while the first one still has 9 steps to run."""
+    timing = TimingModel(step_overhead_s=0.1, prefill_token_s=0.0, decode_seq_s=0.0)
+    config = EngineConfig(num_gpu_blocks=256, block_size=4, timing=timing)
+    state = ServeState(config, speedup_ratio=1.0)
+    long = {"model": MODEL, "prompt": "first", "max_tokens": 10, "stream": True}
+    short = {"model": MODEL, "prompt": "second", "max_tokens": 1}
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url, httpx.AsyncClient(base_url=url) as client:
+            async with client.stream("POST", "/v1/completions", json=long) as stream:
+                lines = stream.aiter_lines()
+                while not (await anext(lines)).startswith("data: {"):
+                    pass
+                assert (await client.post("/v1/completions", json=short)).status_code == 200
+                async for _ in lines:
+                    pass
+            samples = await metric_samples(client)
+    count = samples[("vllm:request_queue_time_seconds_count", "0")]
+    waited = samples[("vllm:request_queue_time_seconds_sum", "0")]
+    assert count == 2
+    assert 0 < waited <= 0.1  # the second's wait, at most one step of simulated time
+    assert state.leaked_blocks == 0

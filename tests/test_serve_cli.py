@@ -166,3 +166,28 @@ def test_a_local_tokenizer_json_encodes_and_decodes(tmp_path: Path) -> None:
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(ValueError, match="cannot load tokenizer"):
         HfTokenizer(str(tmp_path / "broken.json"))
+
+
+def test_model_names_the_served_model_and_a_local_one_the_tokenizer(tmp_path: Path) -> None:
+    """vLLM's rules: ``vllm serve MODEL`` (or ``--model``) serves the name MODEL unless
+    ``--served-model-name`` says otherwise, and loads its tokenizer from MODEL unless
+    ``--tokenizer`` does; a hub name cannot be loaded offline, so the built-in
+    tokenizer stands in for it."""
+    from kvpool.cli import build_parser
+    from kvpool.serve.command import ServedModel, resolve_model
+
+    parser = build_parser()
+
+    def resolved(*argv: str) -> ServedModel:
+        return resolve_model(parser.parse_args(["serve", *argv]), parser)
+
+    local = str(tmp_path)
+    assert resolved() == ServedModel("kvpool-mock", None, "")
+    assert resolved("--model", "org/llm") == ServedModel("org/llm", None, "")
+    assert resolved("org/llm", "--served-model-name", "x") == ServedModel("x", None, "")
+    assert resolved(local) == ServedModel(local, local, "MODEL")
+    assert resolved("--model", "m", "--tokenizer", local) == ServedModel("m", local, "--tokenizer")
+    missing = str(tmp_path / "nowhere")
+    assert resolved(missing) == ServedModel(missing, missing, "MODEL")  # fails to load
+    with pytest.raises(SystemExit):
+        resolved("a", "--model", "b")

@@ -13,6 +13,7 @@ import anyio
 import httpx
 import pytest
 from raw_http import connect, drop, read_head, request_bytes
+from uvicorn_backends import uvicorn_backend_fixture
 
 from kvpool.engine import EngineConfig, TimingModel
 from kvpool.serve import ServeState, running_server
@@ -22,16 +23,7 @@ GUARD_S = 30
 MODEL = "kvpool-mock"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
-    backend: tuple[str, dict[str, Any]] = request.param
-    return backend
+anyio_backend = uvicorn_backend_fixture()
 
 
 class ServerErrors(logging.Handler):

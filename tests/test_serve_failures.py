@@ -14,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from serve_processes import Served
+from uvicorn_backends import uvicorn_backend_fixture
 
 from kvpool.engine import EngineConfig
 from kvpool.serve import ServeState, running_server
@@ -23,16 +24,7 @@ pytestmark = pytest.mark.anyio
 GUARD_S = 20
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
-    backend: tuple[str, dict[str, Any]] = request.param
-    return backend
+anyio_backend = uvicorn_backend_fixture()
 
 
 def small_state(**overrides: Any) -> ServeState:

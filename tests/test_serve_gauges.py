@@ -4,13 +4,13 @@ reported when it happens, aborts included, without waiting for a later request."
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import anyio
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from raw_http import connect, drop, read_head, read_until, request_bytes
+from uvicorn_backends import uvicorn_backend_fixture
 
 from kvpool.engine import EngineConfig, TimingModel
 from kvpool.serve import ServeState, running_server
@@ -20,16 +20,7 @@ GUARD_S = 60
 MODEL = "kvpool-mock"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
-    backend: tuple[str, dict[str, Any]] = request.param
-    return backend
+anyio_backend = uvicorn_backend_fixture()
 
 
 async def gauges(client: httpx.AsyncClient) -> dict[str, float]:

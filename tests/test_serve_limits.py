@@ -13,6 +13,7 @@ import anyio
 import httpx
 import pytest
 from raw_http import connect, read_head, request_bytes
+from uvicorn_backends import uvicorn_backend_fixture
 
 from kvpool.engine import EngineConfig
 from kvpool.serve import BuiltinTokenizer, RequestLimits, ServeState, running_server
@@ -25,16 +26,7 @@ MODEL = "kvpool-mock"
 FIFTY_MB = 50 * 2**20
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
-    backend: tuple[str, dict[str, Any]] = request.param
-    return backend
+anyio_backend = uvicorn_backend_fixture()
 
 
 class RecordingTokenizer(BuiltinTokenizer):

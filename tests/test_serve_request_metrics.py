@@ -7,12 +7,11 @@ computed; `kvpool serve` records the same series, with vLLM's names, labels and 
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from uvicorn_backends import uvicorn_backend_fixture
 
 from kvpool.engine import EngineConfig
 from kvpool.serve import ServeState, running_server
@@ -21,16 +20,7 @@ pytestmark = pytest.mark.anyio
 GUARD_S = 20
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
-    backend: tuple[str, dict[str, Any]] = request.param
-    return backend
+anyio_backend = uvicorn_backend_fixture()
 
 
 async def samples(client: httpx.AsyncClient) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -10,12 +10,12 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import pytest
 from raw_http import connect, read_head, request_bytes
 from serve_processes import Served
+from uvicorn_backends import uvicorn_backend_fixture
 
 from kvpool.engine import EngineConfig
 from kvpool.serve import ServeState, running_server
@@ -106,16 +106,7 @@ def test_a_second_signal_aborts_at_once_and_still_checks_for_leaks(
     assert "no KV block left active" in log
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    """The server runs on uvicorn, an asyncio server: asyncio and uvloop, not trio."""
-    backend: tuple[str, dict[str, Any]] = request.param
-    return backend
+anyio_backend = uvicorn_backend_fixture()
 
 
 @pytest.mark.anyio

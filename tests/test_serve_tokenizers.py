@@ -162,3 +162,47 @@ async def test_chunks_are_compact_json_with_a_real_tokenizer(tmp_path: Path) -> 
             chunk = msgspec.json.decode(event[6:])
             text += chunk["choices"][0]["delta"].get("content") or ""
     assert text == plain.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("make", [byte_level, metaspace], ids=["byte-level", "metaspace"])
+async def test_output_text_re_tokenizes_to_the_count_in_usage(tmp_path: Path, make: Any) -> None:
+    """aiperf, guidellm and inference-perf count a response's output tokens by encoding
+    its text with the same tokenizer: that count must be the ``usage`` the server sent
+    (arbitrary ids, word pieces and byte fragments, re-encode to other counts). The
+    requests are shaped as those tools send them."""
+    directory = model_directory(tmp_path, make())
+    tokenizer = HfTokenizer(str(directory))
+    config = EngineConfig(num_gpu_blocks=512, block_size=4, max_num_batched_tokens=512)
+    state = ServeState(config, speedup_ratio=0.0, tokenizer=tokenizer)
+    counts: list[tuple[int, int, int]] = []  # (re-encoded, usage, asked)
+    with anyio.fail_after(GUARD_S):
+        async with running_server(state) as url:
+            client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            for i, wanted in enumerate((1, 7, 40, 90)):
+                prompt = " ".join(CORPUS[i : i + 3])
+                stream = await client.chat.completions.create(
+                    model="kvpool-mock",
+                    messages=[{"role": "user", "content": prompt}],
+                    max_completion_tokens=wanted,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                text, usage = "", 0
+                async for chunk in stream:
+                    if chunk.choices:
+                        text += chunk.choices[0].delta.content or ""
+                    if chunk.usage is not None:
+                        usage = chunk.usage.completion_tokens
+                counts.append((len(tokenizer.encode(text)), usage, wanted))
+                plain = await client.completions.create(
+                    model="kvpool-mock",
+                    prompt=prompt,
+                    max_tokens=wanted,
+                    extra_body={"ignore_eos": True, "min_tokens": wanted},
+                )
+                assert plain.usage is not None
+                re_encoded = len(tokenizer.encode(plain.choices[0].text))
+                counts.append((re_encoded, plain.usage.completion_tokens, wanted))
+            await client.close()
+    assert all(re_encoded == usage == wanted for re_encoded, usage, wanted in counts), counts
+    assert state.leaked_blocks == 0

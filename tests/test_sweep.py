@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from kvpool import cli
-from kvpool.sweep import GridError, build_grid
-from kvpool.sweep.grid import parse_grid_flag, read_grid_file
-from kvpool.sweep.table import METRICS, figures
+from kvpool.cli.sweep import GridError, build_grid
+from kvpool.cli.sweep.grid import parse_grid_flag, read_grid_file
+from kvpool.cli.sweep.table import METRICS, figures
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TRACE = ROOT / "kvpool" / "data" / "sample_trace.jsonl"
@@ -246,8 +246,8 @@ def test_the_csv_holds_the_reports_figures(
 def test_the_plot_draws_the_metrics_against_the_swept_flag(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from kvpool.sweep.execute import Outcome
-    from kvpool.sweep.plot import plot_lines
+    from kvpool.cli.sweep.execute import Outcome
+    from kvpool.cli.sweep.plot import plot_lines
 
     image, table = tmp_path / "sweep.png", tmp_path / "t.json"
     status, _, err = sweep(
@@ -328,14 +328,14 @@ def dies_on_64_blocks(argv: Sequence[str]) -> tuple[bytes | None, str | None, fl
     a crash in compiled code would), and runs the others as the sweep does."""
     if "--num-gpu-blocks=64" in argv:
         os._exit(9)
-    from kvpool.sweep.execute import run_configuration
+    from kvpool.cli.sweep.execute import run_configuration
 
     report, error = run_configuration(argv)
     return report, error, 0.0
 
 
 def test_a_worker_process_that_dies_fails_its_run_only() -> None:
-    from kvpool.sweep.execute import run_in_processes
+    from kvpool.cli.sweep.execute import run_in_processes
 
     grid = build_grid(
         [("num-gpu-blocks", ["32", "64", "128", "256"]), ("sessions", ["2"]),

@@ -7,8 +7,9 @@ are imported lazily, so ``import kvpool.manager`` does not load the actor.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kvpool.lazy import lazy_attributes
 from kvpool.manager.types import (
     Allocation,
     ManagerStats,
@@ -40,16 +41,7 @@ __all__ = [
     "open_manager",
 ]
 
-_LAZY = {
-    "ManagerClient": "kvpool.manager.client",
-    "open_manager": "kvpool.manager.client",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvpool.manager' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(
+    __name__,
+    {"ManagerClient": "kvpool.manager.client", "open_manager": "kvpool.manager.client"},
+)

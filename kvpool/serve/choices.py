@@ -95,8 +95,7 @@ class Choice:
             return "", None
         self.cached = output.cached_tokens
         detokenizer = self.detokenizer
-        vocab = self._tokenizer.vocab_size
-        ids = [t % vocab for t in output.token_ids]
+        ids = [self._tokenizer.output_id(t) for t in output.token_ids]
         if self.plain:
             if output.finished:
                 self.finish_reason = "length"

@@ -3,9 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import dataclass
 
 from kvpool.errors import PoolError
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What MODEL, --model, --served-model-name and --tokenizer add up to."""
+
+    served_name: str
+    tokenizer: str | None
+    """A local tokenizer path, or None for the built-in tokenizer."""
+    tokenizer_source: str
+    """The flag the tokenizer came from (for its error message)."""
+
+
+def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ServedModel:
+    """vLLM's rules: the served name is --served-model-name, else the model; the
+    tokenizer is --tokenizer, else the model when it is a local path (vLLM loads the
+    tokenizer from the model; a hub name would need a download, so the built-in
+    tokenizer stands in; a name written as a path must exist). Exits through
+    ``parser.error`` if MODEL and --model differ."""
+    from kvpool.serve.state import DEFAULT_MODEL_NAME
+
+    if args.model_tag and args.model and args.model_tag != args.model:
+        parser.error(f"MODEL {args.model_tag!r} and --model {args.model!r} differ")
+    model: str | None = args.model_tag or args.model
+    served = args.served_model_name or model or DEFAULT_MODEL_NAME
+    if args.tokenizer is not None:
+        return ServedModel(served, args.tokenizer, "--tokenizer")
+    # a path that does not exist is a typo, not a hub name: its load fails, one line
+    if model is not None and (os.path.exists(model) or model.startswith((".", "/", "~"))):
+        return ServedModel(served, os.path.expanduser(model), "MODEL")
+    return ServedModel(served, None, "")
 
 
 def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -15,8 +48,9 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     tokenizer or profile that cannot be loaded, a port that cannot be bound) or a
     leaked KV block.
     """
-    from kvpool.cli import check_event_flags, engine_config, open_publishers
     from kvpool.events.zmq_publisher import llmd_topic
+    from kvpool.flags.engine import engine_config
+    from kvpool.flags.events import check_event_flags, open_publishers
     from kvpool.serve.failures import FAILURE_TYPES, FailureInjector
     from kvpool.serve.intake import RequestLimits
     from kvpool.serve.server import routable_host, serve
@@ -33,15 +67,16 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return fail(str(exc))
     ranks = args.data_parallel_size
     check_event_flags(args, parser, ranks)
+    model = resolve_model(args, parser)
     tokenizer: Tokenizer = BuiltinTokenizer()
-    if args.tokenizer is not None:
+    if model.tokenizer is not None:
         try:
-            tokenizer = HfTokenizer(args.tokenizer)
+            tokenizer = HfTokenizer(model.tokenizer)
         except (ImportError, OSError, ValueError) as exc:
-            return fail(f"--tokenizer: {exc}")
+            return fail(f"{model.tokenizer_source}: {exc}")
     topic = args.zmq_kv_event_topic
     if topic == "llm-d":
-        topic = llmd_topic(routable_host(args.host), args.port, args.served_model_name)
+        topic = llmd_topic(routable_host(args.host), args.port, model.served_name)
     try:
         sinks = open_publishers(args, ranks, topic)
     except Exception as exc:  # zmq.ZMQError (bind), ImportError (no pyzmq), PoolError
@@ -49,7 +84,7 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         state = ServeState(
             config,
-            model_name=args.served_model_name,
+            model_name=model.served_name,
             data_parallel_size=ranks,
             speedup_ratio=args.speedup_ratio,
             tokenizer=tokenizer,
@@ -76,4 +111,4 @@ def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             sink.close()
 
 
-__all__ = ["run_serve"]
+__all__ = ["ServedModel", "resolve_model", "run_serve"]

@@ -62,6 +62,10 @@ class Submit:
 
     spec: RequestSpec
     reply: Outbox[Output]
+    sent_at: float
+    """``time.perf_counter()`` when it was sent: its arrival. A request sent while a
+    step runs is handled after the step, and waited for it (its queue time, as vLLM
+    stamps arrival in its API server before the engine core takes the request)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +145,7 @@ class EngineDriver:
         if self._slots is None:
             self._slots = current_slots()
         outbox = Outbox[Output](self._slots)
-        self._send.send_nowait(Submit(spec, outbox))
+        self._send.send_nowait(Submit(spec, outbox, time.perf_counter()))
         self.outstanding += 1
         return outbox
 
@@ -195,9 +199,6 @@ class EngineDriver:
             self.engine = engine
             yield engine
 
-    def _sim_now(self) -> float:
-        return (time.perf_counter() - self._start) * self.speedup_ratio
-
     async def _loop(self, engine: MockEngine) -> None:
         receive = self._receive
         open_ = True
@@ -247,7 +248,7 @@ class EngineDriver:
             return
         spec, reply = message.spec, message.reply
         paced = self.speedup_ratio > 0
-        now = self._sim_now() if paced else None
+        now = (message.sent_at - self._start) * self.speedup_ratio if paced else None
         if now is not None:
             engine.advance_to(now)  # an idle engine's clock catches up with the wall
         if not await engine.submit(spec, now):

@@ -44,6 +44,13 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""vLLM's ``FINISH_REASON_STRINGS``: it creates a ``vllm:request_success`` child per
+reason and engine at start-up, so each series exists at 0 before its first request (a
+dashboard's ``rate(...{finished_reason="abort"})`` has a series to read). The mock
+finishes requests as ``stop``, ``length`` or ``abort`` only."""
+
+
 class _Alias(Collector):
     """A histogram's series under a legacy name, copied when /metrics is read (so an
     observation costs nothing more)."""
@@ -202,8 +209,8 @@ class ServeMetrics:
                 self.prompt_tokens, self.generation_tokens,
             ):  # fmt: skip
                 counter.labels(model_name, engine)
-            self.success.labels(model_name, engine, "length")
-            self.success.labels(model_name, engine, "stop")
+            for reason in FINISH_REASONS:
+                self.success.labels(model_name, engine, reason)
 
     def rank(self, rank: int) -> RankMetrics:
         """The series of one engine rank, bound to its labels once (a label lookup per
@@ -283,4 +290,4 @@ class RankMetrics:
         self.tpot.observe(decode / (generation_tokens - 1) if generation_tokens > 1 else 0.0)
 
 
-__all__ = ["RankMetrics", "ServeMetrics", "tokens_buckets"]
+__all__ = ["FINISH_REASONS", "RankMetrics", "ServeMetrics", "tokens_buckets"]

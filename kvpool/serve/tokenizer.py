@@ -11,8 +11,14 @@ decoded text need not give the same ids back), which a mock server does not need
 
 The engine's output ids are arbitrary 32-bit numbers; `Tokenizer.output_id` maps them
 into the vocabulary once, and every later use (text, ``stop_token_ids``, logprobs) sees
-that id. Streamed text is decoded incrementally by `kvpool.serve.detokenizer`, never
-token by token: a SentencePiece piece's leading space, or a UTF-8 character split over
+that id. A Hugging Face tokenizer maps them onto its whole-word tokens only (those whose
+text re-encodes to themselves next to each other): benchmark tools (aiperf, guidellm,
+inference-perf) count a response's output tokens by re-tokenizing its text, and a real
+model's text re-tokenizes to about the count it generated, while arbitrary ids (word
+pieces, byte fragments, special tokens) decode to text that does not.
+
+Streamed text is decoded incrementally by `kvpool.serve.detokenizer`, never token by
+token: a SentencePiece piece's leading space, or a UTF-8 character split over
 byte-level tokens, only exists in the context of its neighbours.
 """
 
@@ -55,10 +61,9 @@ class Tokenizer(Protocol):
         """One id's text on its own (what logprobs show as a token)."""
         ...
 
-
-def output_id(tokenizer: Tokenizer, engine_token: int) -> int:
-    """The vocabulary id an engine output token stands for (``token mod vocab_size``)."""
-    return engine_token % tokenizer.vocab_size
+    def output_id(self, engine_token: int) -> int:
+        """The vocabulary id an engine output token (any int >= 0) stands for."""
+        ...
 
 
 class BuiltinTokenizer:
@@ -81,6 +86,10 @@ class BuiltinTokenizer:
     def decode_token(self, token_id: int) -> str:
         """``" " + word``, the word picked by the id from a fixed list."""
         return " " + _WORDS[token_id % len(_WORDS)]
+
+    def output_id(self, engine_token: int) -> int:
+        """``engine_token mod vocab_size``: every id decodes to a word already."""
+        return engine_token % BUILTIN_VOCAB_SIZE
 
 
 class HfTokenizer:
@@ -112,6 +121,35 @@ class HfTokenizer:
                 raise
             raise ValueError(f"cannot load tokenizer {path!r}: {exc}") from exc
         self.vocab_size = max(1, self._tokenizer.get_vocab_size())
+        self._words = self._round_trip_words()
+
+    def _round_trip_words(self) -> list[int]:
+        """The ids output may use: tokens whose text is one word (letters or digits,
+        with at most the tokenizer's own leading space, and only those with it if it
+        has any), that re-encode to themselves twice in a row, so that any
+        sequence of them decodes to text that re-encodes to the same sequence (checked
+        on all of them at once). Every id if the tokenizer has none such (e.g. a
+        character-level vocabulary)."""
+        every = list(range(self.vocab_size))
+        texts = self._tokenizer.decode_batch([[t] for t in every])
+        words = [t for t, text in zip(every, texts, strict=True) if _is_word(text)]
+        if words:
+            # a pair splits where one token would (a space-marking pre-tokenizer splits
+            # before each word): the one-token check follows from it
+            pairs = self._tokenizer.decode_batch([[t, t] for t in words])
+            twice = self._tokenizer.encode_batch(pairs, add_special_tokens=False)
+            words = [t for t, two in zip(words, twice, strict=True) if two.ids == [t, t]]
+        # a byte-level tokenizer marks a word's start by a space of its own: its
+        # unspaced words are pieces that merge with a preceding word
+        spaced = [t for t in words if texts[t].startswith(" ")]
+        for ids in (spaced, words):
+            if ids and self.encode(self.decode(ids)) == ids:
+                return ids
+        return every
+
+    def output_id(self, engine_token: int) -> int:
+        """One of the round-trip word tokens, picked by ``engine_token``."""
+        return self._words[engine_token % len(self._words)]
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """The tokenizer's ids for ``text`` (its post-processor's BOS/EOS only if asked)."""
@@ -128,6 +166,12 @@ class HfTokenizer:
         return self.decode([token_id % self.vocab_size], skip_special_tokens=False)
 
 
+def _is_word(text: str) -> bool:
+    """A word of letters or digits, with at most one leading space."""
+    word = text[1:] if text.startswith(" ") else text
+    return word.isalnum()
+
+
 def decode(tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
     """The text of several vocabulary ids, decoded together."""
     return tokenizer.decode(token_ids)
@@ -139,5 +183,4 @@ __all__ = [
     "HfTokenizer",
     "Tokenizer",
     "decode",
-    "output_id",
 ]

@@ -10,10 +10,9 @@ synthetic workload and `sla` the goodput targets.
 from __future__ import annotations
 
 import argparse
-import math
-from collections.abc import Callable
 
 from kvpool.engine.goodput import Sla
+from kvpool.flags.values import int_in, number_in
 from kvpool.workloads import MAX_TRACE_TOKENS, SyntheticSessions, SyntheticWorkload
 
 _MAX_REQUESTS = 1_000_000  # synthetic requests are built up front
@@ -33,38 +32,6 @@ _SYNTHETIC_FLAGS = (
 )
 
 
-def _int_in(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {value}")
-        return value
-
-    parse.__name__ = "int"
-    return parse
-
-
-def _number_in(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
-    """A finite number in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        too_low = value <= low if low_open else value < low
-        if math.isnan(value) or too_low or value > high:
-            bound = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
-            raise argparse.ArgumentTypeError(f"must be in {bound}, got {text}")
-        return value
-
-    parse.__name__ = "number"
-    return parse
-
-
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     """The synthetic-workload, load, SLA and lockstep flags of ``kvpool simulate``."""
     synthetic = parser.add_argument_group(
@@ -78,30 +45,30 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         help="run Dynamo replay's synthetic workload (seeded by --seed) instead of the "
         "embedded default",
     )
-    tokens = _int_in(1, MAX_TRACE_TOKENS)
+    tokens = int_in(1, MAX_TRACE_TOKENS)
     synthetic.add_argument("--input-tokens", type=tokens, metavar="N", help="prompt tokens")
     synthetic.add_argument("--output-tokens", type=tokens, metavar="N", help="output tokens")
     synthetic.add_argument(
         "--request-count",
-        type=_int_in(1, _MAX_REQUESTS),
+        type=int_in(1, _MAX_REQUESTS),
         metavar="N",
         help="sessions (each --turns-per-session requests), as Dynamo counts them",
     )
     synthetic.add_argument(
         "--request-rate",
-        type=_number_in(0.0, _MAX_RATIO, low_open=True),
+        type=number_in(0.0, _MAX_RATIO, low_open=True),
         metavar="R",
         help="sessions per second, a Poisson process from time 0",
     )
     synthetic.add_argument(
         "--arrival-interval-ms",
-        type=_number_in(0.0, _MAX_SECONDS * 1e3),
+        type=number_in(0.0, _MAX_SECONDS * 1e3),
         metavar="MS",
         help="a session every MS milliseconds from time 0",
     )
     synthetic.add_argument(
         "--turns-per-session",
-        type=_int_in(1, _MAX_REQUESTS),
+        type=int_in(1, _MAX_REQUESTS),
         default=1,
         metavar="N",
         help="requests per session, each sent --inter-turn-delay-ms after the previous "
@@ -109,14 +76,14 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     )
     synthetic.add_argument(
         "--inter-turn-delay-ms",
-        type=_number_in(0.0, _MAX_SECONDS * 1e3),
+        type=number_in(0.0, _MAX_SECONDS * 1e3),
         default=0.0,
         metavar="MS",
         help="delay between a turn's end and the next turn (default: 0)",
     )
     synthetic.add_argument(
         "--shared-prefix-ratio",
-        type=_number_in(0.0, 1.0),
+        type=number_in(0.0, 1.0),
         default=0.0,
         metavar="F",
         help="fraction of each prompt that is its prefix group's shared prefix, rounded "
@@ -124,7 +91,7 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     )
     synthetic.add_argument(
         "--num-prefix-groups",
-        type=_int_in(0, _MAX_REQUESTS),
+        type=int_in(0, _MAX_REQUESTS),
         default=0,
         metavar="N",
         help="shared prefixes; each session picks one at random (default: 0)",
@@ -135,28 +102,28 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
         "--concurrency",
         "--replay-concurrency",
         dest="concurrency",
-        type=_int_in(1, _MAX_CONCURRENCY),
+        type=int_in(1, _MAX_CONCURRENCY),
         metavar="N",
         help="closed loop: N sessions in flight, the next sent the moment one ends; the "
         "trace's timestamps then only order it (default: open loop, by timestamp)",
     )
     load.add_argument(
         "--arrival-speedup-ratio",
-        type=_number_in(0.0, _MAX_RATIO, low_open=True),
+        type=number_in(0.0, _MAX_RATIO, low_open=True),
         default=1.0,
         metavar="R",
         help="divide every arrival time by R (open loop; default: 1)",
     )
     load.add_argument(
         "--max-sim-time-s",
-        type=_number_in(0.0, _MAX_SECONDS, low_open=True),
+        type=number_in(0.0, _MAX_SECONDS, low_open=True),
         metavar="S",
         help="stop the simulated clock at S: nothing is sent and no step starts from S "
         "on; the report counts the requests unfinished (aborted) and unstarted",
     )
     load.add_argument(
         "--max-model-len",
-        type=_int_in(1, MAX_TRACE_TOKENS * 2),
+        type=int_in(1, MAX_TRACE_TOKENS * 2),
         metavar="N",
         help="reject a request of more than N tokens, prompt plus output, as vLLM does "
         "(counted as rejected) (default: no limit but the pool)",
@@ -175,7 +142,7 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     ):
         load.add_argument(
             f"--sla-{name}-ms",
-            type=_number_in(0.0, _MAX_SECONDS * 1e3, low_open=True),
+            type=number_in(0.0, _MAX_SECONDS * 1e3, low_open=True),
             metavar="MS",
             help=f"goodput: a request is good if its {what} is <= MS (with the other "
             "--sla flags: all must hold)",

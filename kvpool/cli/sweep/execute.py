@@ -1,8 +1,8 @@
 """Running a sweep's configurations: one at a time in this process, in a pool of
 processes (one per core by default), or as tasks on a Ray cluster.
 
-Each configuration runs through `kvpool.cli.simulate_run`, the code ``kvpool simulate``
-runs, so its report is the one ``kvpool simulate`` would write for the same flags (its
+Each configuration runs through `kvpool.cli.simulate.simulate_run`, the code ``kvpool
+simulate`` runs, so its report is the one ``kvpool simulate`` would write for the same flags (its
 wall-clock figures aside). A configuration that fails (bad input, an exception, a
 leaked block, a worker process that died) is an `Outcome` with an error, never the end
 of the sweep.
@@ -21,7 +21,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.sweep.grid import Run
+from kvpool.cli.sweep.grid import Run
 
 LOCAL_RAY = "local"
 """``--ray local``: start a Ray instance on this machine for the sweep."""
@@ -46,10 +46,10 @@ def run_configuration(argv: Sequence[str]) -> tuple[bytes | None, str | None]:
     """Run ``kvpool simulate ARGV`` in this process: (its JSON report, None) or, when it
     failed, (the report if it has one, the one-line error). Never raises an exception
     (but an interrupt)."""
-    from kvpool.cli import build_parser, simulate_run
+    from kvpool.cli.simulate import simulate_parser, simulate_run
     from kvpool.engine import report_json
 
-    parser = build_parser()
+    parser, _ = simulate_parser()
     errors = io.StringIO()
     try:
         # stdout: a run prints nothing of its own, but a library warning must not land
@@ -96,7 +96,7 @@ def _start_worker() -> None:
     (not each worker) decides what it stops; the imports are paid here, so that a run's
     wall time is the run's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import kvpool.cli  # noqa: F401
+    import kvpool.cli.simulate  # noqa: F401
 
 
 def default_jobs() -> int:

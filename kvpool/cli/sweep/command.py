@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from kvpool.sweep.execute import (
+from kvpool.cli.sweep.execute import (
     LOCAL_RAY,
     ClusterError,
     Outcome,
@@ -25,7 +25,7 @@ from kvpool.sweep.execute import (
     run_inline,
     run_on_ray,
 )
-from kvpool.sweep.grid import (
+from kvpool.cli.sweep.grid import (
     Grid,
     GridError,
     build_grid,
@@ -33,7 +33,8 @@ from kvpool.sweep.grid import (
     parse_grid_flag,
     read_grid_file,
 )
-from kvpool.sweep.table import METRICS, table_csv, table_json, table_text
+from kvpool.cli.sweep.table import METRICS, table_csv, table_json, table_text
+from kvpool.flags.values import int_in
 
 _DEFAULT_METRIC = "ttft_s.p99"
 _MAX_JOBS = 4096
@@ -66,19 +67,6 @@ examples:
   kvpool sweep --trace a.jsonl --trace b.jsonl --grid num-gpu-blocks=2048,4096 --jobs 4
   kvpool sweep --config sweep.toml --ray auto --json sweep.json
 """
-
-
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= value <= _MAX_JOBS:
-        raise argparse.ArgumentTypeError(f"must be in [1, {_MAX_JOBS}], got {value}")
-    return value
-
-
-_jobs.__name__ = "int"
 
 
 def add_sweep_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -114,7 +102,7 @@ def add_sweep_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     where.add_argument(
         "--jobs",
         "-j",
-        type=_jobs,
+        type=int_in(1, _MAX_JOBS),
         metavar="N",
         help="runs at once, each in its own process (default: one per core, here "
         f"{default_jobs()}); 1 runs them one after another in this process",
@@ -210,7 +198,7 @@ def _is_number(text: str) -> bool:
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:
-    from kvpool.cli import _unwritable
+    from kvpool.cli.simulate import unwritable
 
     if [args.csv, args.json].count("-") > 1:
         return "--csv and --json cannot both write to stdout ('-')"
@@ -218,7 +206,7 @@ def _check_outputs(args: argparse.Namespace) -> str | None:
     for flag, target in (("--csv", args.csv), ("--json", args.json), ("--plot", args.plot)):
         if not target or target == "-":
             continue
-        problem = _unwritable(target)
+        problem = unwritable(target)
         if problem is not None:
             return f"{flag}: {problem}"
         key = os.path.realpath(target)
@@ -334,7 +322,7 @@ def _write_outputs(
         except OSError as exc:
             return f"{flag}: cannot write {target}: {exc.strerror or exc}"
     if args.plot and plot_x is not None:
-        from kvpool.sweep.plot import write_sweep_plot
+        from kvpool.cli.sweep.plot import write_sweep_plot
 
         try:
             write_sweep_plot(grid, outcomes, plot_x, metrics, args.plot)

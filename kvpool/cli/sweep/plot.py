@@ -11,9 +11,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvpool.sweep.execute import Outcome
-from kvpool.sweep.grid import Grid
-from kvpool.sweep.table import decoded, figures
+from kvpool.cli.sweep.execute import Outcome
+from kvpool.cli.sweep.grid import Grid
+from kvpool.cli.sweep.table import decoded, figures
 
 
 def _number(text: str) -> float | None:

@@ -25,6 +25,7 @@ from contextlib import redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpool.cli.simulate import check_simulate_flags, simulate_parser
 from kvpool.errors import PoolError
 
 # Flags a sweep owns or cannot share between runs in parallel: the outputs (the sweep
@@ -195,24 +196,11 @@ def _flag_args(key: str, action: argparse.Action, value: str) -> list[str]:
     return [f"--{key}={value}"]  # '=': a value may start with '-'
 
 
-def simulate_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """``kvpool``'s parser and its ``simulate`` subparser."""
-    from kvpool.cli import build_parser
-
-    parser = build_parser()
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return parser, action.choices["simulate"]
-    raise AssertionError("kvpool has no simulate command")  # pragma: no cover
-
-
 def check_simulate_args(
     parser: argparse.ArgumentParser, argv: Sequence[str], *, parse_only: bool = False
 ) -> str | None:
     """Why ``kvpool simulate ARGV`` would be refused before it runs (its one-line
     message), or None: the same parsing and (unless ``parse_only``) flag checks."""
-    from kvpool.cli import check_simulate_flags
-
     errors = io.StringIO()
     try:
         with redirect_stderr(errors):  # argparse prints usage and the message, then exits

@@ -19,9 +19,9 @@ from typing import Any
 
 import msgspec
 
+from kvpool.cli.sweep.execute import Outcome
+from kvpool.cli.sweep.grid import Grid
 from kvpool.engine.report import Report, WorkerReport
-from kvpool.sweep.execute import Outcome
-from kvpool.sweep.grid import Grid
 
 # the report's own figures beside its total's (whose simulated_s is the run's)
 _TOP = ("wall_s", "requests_per_wall_s", "requests_unfinished", "requests_unstarted")

@@ -1,19 +1,15 @@
-"""The command line's aiconfigurator parts: the ``--aic-*`` flags of ``--timing-model
-aic`` (shared by ``kvpool simulate`` and ``kvpool serve``) and ``kvpool profile``, which
-writes aiconfigurator's timings as a Dynamo planner profile. Everything here loads
-aiconfigurator-core (the ``kvpool[aic]`` extra) only when a command asks for it."""
+"""The ``--aic-*`` flags naming what aiconfigurator predicts: ``--timing-model aic``'s
+(shared by ``kvpool simulate`` and ``kvpool serve``) and ``kvpool profile``'s
+(`kvpool.cli.profile`). Everything here loads aiconfigurator-core (the ``kvpool[aic]``
+extra) only when a command asks for it."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvpool.engine.config import EngineConfig
 from kvpool.engine.timing import AIC_CONTEXT_BUCKET, AicTiming
-from kvpool.errors import PoolError
 
 if TYPE_CHECKING:
     from kvpool.engine.aic import AicSpec
@@ -110,80 +106,3 @@ def aic_timing_from_flags(args: argparse.Namespace) -> AicTiming:
     args.aic_system, args.aic_backend, args.aic_backend_version = spec.system, spec.backend, version
     args.aic_tp_size, args.aic_context_bucket = spec.tp_size, bucket
     return AicTiming(predictor, context_bucket=bucket)
-
-
-def add_profile_command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    positive: Callable[[str], int],
-) -> None:
-    """``kvpool profile``: aiconfigurator's timings as a Dynamo planner-profile NPZ."""
-    profile = commands.add_parser(
-        "profile",
-        help="write aiconfigurator's predicted step times as a Dynamo planner profile",
-        description="Sample aiconfigurator's predicted prefill and decode latencies for a "
-        "model on a GPU system into a Dynamo planner-profile NPZ (prefill_isl, "
-        "prefill_ttft_ms, decode_active_kv_tokens, decode_context_length, decode_itl), "
-        "which kvpool simulate --timing-model dynamo --planner-profile-data FILE and "
-        "Dynamo's mocker read without aiconfigurator (needs the aic extra: pip install "
-        "'kvpool[aic]'). Example: kvpool profile --aic-model Qwen/Qwen3-8B -o qwen3-8b.npz",
-    )
-    what = profile.add_argument_group("what to predict")
-    add_aic_flags(what, positive, profile=True)
-    what.add_argument(
-        "--block-size",
-        type=positive,
-        default=EngineConfig().block_size,
-        metavar="N",
-        help="tokens per KV block (default: %(default)s)",
-    )
-    what.add_argument(
-        "--max-num-seqs",
-        type=positive,
-        default=EngineConfig().max_num_seqs,
-        metavar="N",
-        help="largest decode batch sampled (default: %(default)s)",
-    )
-    profile.add_argument(
-        "-o", "--output", required=True, metavar="FILE.npz", help="the profile to write"
-    )
-    profile.set_defaults(handler=_profile)
-
-
-def _profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    def fail(message: str) -> int:
-        print(f"kvpool profile: error: {message}", file=sys.stderr)
-        return 1
-
-    output = Path(args.output)
-    if output.is_dir() or not output.parent.is_dir():
-        return fail(f"-o: cannot write {output}: not a file in an existing directory")
-    try:
-        from kvpool.engine.aic import load_predictor, require_aiconfigurator, sample_profile
-
-        require_aiconfigurator("kvpool profile")
-        require_numpy()
-        spec = aic_spec(args)
-        predictor, version = load_predictor(spec)
-        profile = sample_profile(
-            predictor, block_size=spec.block_size, max_num_seqs=args.max_num_seqs
-        )
-    except (ImportError, PoolError) as exc:
-        return fail(str(exc))
-    try:
-        profile.to_npz(output)
-    except OSError as exc:
-        return fail(f"-o: cannot write {output}: {exc.strerror or exc}")
-    print(
-        f"kvpool profile: wrote {output}: {spec.model} on {spec.tp_size} x {spec.system}, "
-        f"{spec.backend} {version}, {len(profile.prefill_isl)} prefill points, "
-        f"{len(profile.decode_active_kv_tokens)} x {len(profile.decode_context_length)} "
-        "decode points"
-    )
-    return 0
-
-
-def require_numpy() -> None:
-    try:
-        import numpy  # noqa: F401
-    except ImportError:
-        raise ImportError("kvpool profile needs numpy: pip install 'kvpool[aic]'") from None
