@@ -657,13 +657,9 @@ class Twins:
         assert jumper == stepper
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=workloads(), config=configs())
-def test_a_jump_takes_exactly_the_pure_decode_steps_before_the_next_arrival(
-    requests: list[RequestSpec], config: EngineConfig
-) -> None:
-    """Engine twins on random workloads: each jump is pure decode steps that start before
-    the next arrival, leaves the same state as stepping, and stops only where one ends."""
+def run_twins(requests: list[RequestSpec], config: EngineConfig) -> Twins:
+    """Submit ``requests`` at their arrivals to engine twins, jumping the jumper as far as
+    it goes before each arrival; the twins are checked equal after every call."""
     twins = Twins(config)
 
     async def main() -> None:
@@ -676,6 +672,55 @@ def test_a_jump_takes_exactly_the_pure_decode_steps_before_the_next_arrival(
                 await twins.advance(until)
 
     anyio.run(main, backend="asyncio")
+    return twins
+
+
+@pytest.mark.xfail(
+    reason="known, open (present at 07991fe too): the jump takes a step in which stepping "
+    "admits the head, whose prompt holds a running request's output (the head's prefix "
+    "cost is likely asked before that step's decode makes the shared block visible)",
+    strict=True,
+)
+def test_a_head_whose_prefix_a_running_request_is_writing_is_admitted_as_stepping_does() -> None:
+    """The case Hypothesis found: r3's prompt is r0's prompt and output plus one token."""
+    r0_output = Segment(1719173403, 10)
+    requests = [
+        RequestSpec("r0", 0.0, (Segment(7002, 12), Segment(8001, 0)), r0_output),
+        RequestSpec("r1", 2**-10, (Segment(8001, 10),), Segment(133004288, 3)),
+        RequestSpec("r2", 2**-10, (Segment(8002, 14),), Segment(791128541, 3)),
+        RequestSpec(
+            "r3",
+            2**-10,
+            (Segment(7002, 12), Segment(8001, 0), r0_output, Segment(8001, 1)),
+            Segment(3569022065, 1),
+        ),
+        *(
+            RequestSpec(f"r{i}", 2**-10, (Segment(8001, 1),), Segment(seed, 1))
+            for i, seed in ((4, 3105694246), (5, 2234818545), (6, 2583089869))
+        ),
+    ]
+    config = EngineConfig(
+        num_gpu_blocks=26,
+        block_size=2,
+        max_num_seqs=4,
+        max_num_batched_tokens=25,
+        enable_prefix_caching=True,
+        enable_chunked_prefill=False,
+        enable_kv_cache_events=True,
+        preemption_mode="lifo",
+        timing=ContextTiming(),
+    )
+    run_twins(requests, config)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=workloads(), config=configs())
+def test_a_jump_takes_exactly_the_pure_decode_steps_before_the_next_arrival(
+    requests: list[RequestSpec], config: EngineConfig
+) -> None:
+    """Engine twins on random workloads: each jump is pure decode steps that start before
+    the next arrival, leaves the same state as stepping, and stops only where one ends."""
+    twins = run_twins(requests, config)
     event(f"jumped: {bool(twins.jumps)}")
     event(f"preempted: {twins.stepper.stats.preemptions > 0}")
     target(float(min(twins.stepper.stats.preemptions, 10)), label="preemptions")
