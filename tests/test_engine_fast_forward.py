@@ -675,14 +675,10 @@ def run_twins(requests: list[RequestSpec], config: EngineConfig) -> Twins:
     return twins
 
 
-@pytest.mark.xfail(
-    reason="known, open (present at 07991fe too): the jump takes a step in which stepping "
-    "admits the head, whose prompt holds a running request's output (the head's prefix "
-    "cost is likely asked before that step's decode makes the shared block visible)",
-    strict=True,
-)
 def test_a_head_whose_prefix_a_running_request_is_writing_is_admitted_as_stepping_does() -> None:
-    """The case Hypothesis found: r3's prompt is r0's prompt and output plus one token."""
+    """The case Hypothesis found: r3's prompt is r0's prompt and output plus one token,
+    and the jump's only block-changing step (its last) fills the block that lets r3 in:
+    the jump must stop there and admit, as stepping does."""
     r0_output = Segment(1719173403, 10)
     requests = [
         RequestSpec("r0", 0.0, (Segment(7002, 12), Segment(8001, 0)), r0_output),

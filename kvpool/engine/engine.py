@@ -479,7 +479,10 @@ class MockEngine:
                 raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
         if results:
             self._remember_cost(probe, results[-1].cost)
-        if len(results) == len(plan.groups):
+        # The call stops after the first group that changed the head's cost; that group
+        # may be the plan's last, so a full count of results does not mean no change.
+        changed = probe is not None and bool(results) and results[-1].cost != cost
+        if len(results) == len(plan.groups) and not changed:
             self._apply_crossing(plan, results)
             return plan.taken
         # The head's cost changed in step `last`: the steps before it are a jump, and
