@@ -29,7 +29,7 @@ Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV ev
   subscriber nobody reads them) no event is built or queued, and everything else is the
   same; ``stats().kv_events`` still counts the events there would have been.
 - With ``run_keys=True`` (events off only: no hash leaves the manager) a block is named
-  by a cheap chained key of its tokens' runs (`kvpool.hashing.runs.RunKeyer`), not by
+  by a cheap chained key of its tokens' runs (`kvpool.hashing.run_keys.RunKeyer`), not by
   Dynamo's xxh3 token hash, and no token is kept: a caller passing `TokenRuns` (a
   workload's segments) never has a token built. Keys are equal exactly when the tokens
   and prefixes are, so every count, cost and report is the same as with token hashes;
