@@ -41,6 +41,7 @@ Decisions, where kvpool cannot or need not copy Dynamo:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -77,16 +78,17 @@ class KvRouterConfig:
             weight = values.pop("overlap_score_weight")
             if weight is not None:
                 values.setdefault("prefill_load_scale", weight)
-        known = set(cls.__dataclass_fields__)
+        known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise InvalidArgumentError(
                 f"--router-config: kvpool's kv router does not model {', '.join(unknown)} "
                 f"(it reads overlap_score_weight, {', '.join(sorted(known))})"
             )
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         parsed: dict[str, object] = {}
         for name, value in values.items():
-            default = getattr(cls, name)
+            default = defaults[name]
             if isinstance(default, bool):
                 if not isinstance(value, bool):
                     raise InvalidArgumentError(f"--router-config: {name} must be true or false")
