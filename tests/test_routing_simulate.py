@@ -74,7 +74,7 @@ def test_a_plug_in_router_loads_from_package_module_factory(tmp_path: Path) -> N
 
 def test_bad_router_flags_are_usage_errors() -> None:
     for args, message in (
-        (("--dispatch", "nope"), "expected least-loaded"),
+        (("--dispatch", "nope"), "invalid choice"),
         (("--dispatch", "no_such_module:make"), "cannot import"),
         (("--dispatch", "kv", "--router-config", "[1]"), "JSON object"),
         (("--dispatch", "kv", "--router-config", '{"bogus": 1}'), "bogus"),

@@ -18,7 +18,8 @@ def dispatch_name(text: str) -> str:
     if text in PLAIN_DISPATCH or is_router_name(text):
         return text
     raise argparse.ArgumentTypeError(
-        f"expected least-loaded, round-robin, kv, llm-d or package.module:factory, got {text!r}"
+        f"invalid choice: {text!r} (choose from least-loaded, round-robin, kv, llm-d, "
+        "or package.module:factory)"
     )
 
 
