@@ -3,8 +3,9 @@ fleet of ``examples/kv_routed_fleet.py --router prefix_router:make``: the same c
 
 The rule: the worker whose KV events show the longest cached prefix of the prompt; among
 equals (none cached, say) the one with the fewest running plus waiting requests, then the
-lowest index. It implements `kvpool.routing.DispatchPolicy` and builds its views from
-events with `kvpool.routing.EventView`; `make` is the factory ``--dispatch`` calls.
+one this router sent the fewest requests, then the lowest index. It implements
+`kvpool.routing.DispatchPolicy` and builds its views from events with
+`kvpool.routing.EventView`; `make` is the factory ``--dispatch`` calls.
 
     PYTHONPATH=examples kvpool simulate --workers 4 --dispatch prefix_router:make
 """
@@ -27,15 +28,22 @@ class LongestPrefixRouter:
         self.block_size = block_size
         self.views = [EventView() for _ in range(num_workers)]
         self.overlaps: dict[str, int] = {}
+        self.sent = [0] * num_workers
 
     def choose(self, request: RequestSpec, loads: Sequence[WorkerLoad], now: float) -> int:
         hashes = prompt_hashes(request, self.block_size)
         overlaps = [view.overlap(hashes) for view in self.views]
         best = min(
             range(len(loads)),
-            key=lambda i: (-overlaps[i], loads[i].num_running + loads[i].num_waiting, i),
+            key=lambda i: (
+                -overlaps[i],
+                loads[i].num_running + loads[i].num_waiting,
+                self.sent[i],
+                i,
+            ),
         )
         self.overlaps[request.request_id] = overlaps[best]
+        self.sent[best] += 1
         return best
 
     def observe(self, worker: int, events: Sequence[KVEvent], now: float) -> None:
