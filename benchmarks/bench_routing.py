@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from build_info import REPO
 from kvpool.engine import Dispatch, EngineConfig, SimulationRun, run_simulation
 from kvpool.engine.timing import Dynamo16Timing
 from kvpool.routing import DispatchPolicy, RouterSettings, make_router
-from kvpool.workloads import MooncakeTrace
+from kvpool.workloads import MooncakeTrace, TraceWarning
 
 WORKERS = 4
 POLICIES: tuple[tuple[str, str, dict[str, object]], ...] = (
@@ -209,6 +210,7 @@ def main() -> None:
     parser.add_argument("--mooncake", type=Path, default=MOONCAKE, help="Mooncake's trace")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "examples"))  # the plug-in example
+    warnings.simplefilter("ignore", TraceWarning)  # the generator's short first blocks
     dynamo = not args.no_dynamo
     if args.trace is not None:
         bench("trace", args.trace, args.num_gpu_blocks, dynamo)
