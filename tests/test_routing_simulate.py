@@ -83,3 +83,18 @@ def test_bad_router_flags_are_usage_errors() -> None:
         done = kvpool("simulate", "--no-progress", *args)
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr, (args, done.stderr)
+
+
+def test_a_router_dispatches_data_parallel_lockstep_ranks(tmp_path: Path) -> None:
+    run = simulate(tmp_path, "--dispatch", "kv", "--data-parallel-lockstep")
+    assert run["report"]["routing"]["prefix_hit_tokens"] > 0
+    assert {r["worker"] for r in run["records"]} == {0, 1, 2}
+
+
+def test_a_router_with_the_actor_backend_and_no_fast_forward_routes_the_same(
+    tmp_path: Path,
+) -> None:
+    local = simulate(tmp_path, "--dispatch", "kv", "--kv-backend", "local")["records"]
+    stepped = simulate(tmp_path, "--dispatch", "kv", "--no-fast-forward")["records"]
+    assert [r["worker"] for r in local] == [r["worker"] for r in stepped]
+    assert local == stepped
