@@ -138,8 +138,13 @@ def test_config_takes_dynamo_field_names() -> None:
     assert KvRouterConfig.from_mapping({"overlap_score_weight": None}).prefill_load_scale == 1.0
     config = KvRouterConfig.from_mapping({"router_temperature": 0.3, "use_kv_events": False})
     assert (config.router_temperature, config.use_kv_events) == (0.3, False)
-    with pytest.raises(InvalidArgumentError, match="router_queue_threshold"):
+    with pytest.raises(InvalidArgumentError, match="router_queue_threshold only at"):
         KvRouterConfig.from_mapping({"router_queue_threshold": 2})
+    with pytest.raises(InvalidArgumentError, match="does not model router_bogus"):
+        KvRouterConfig.from_mapping({"router_bogus": 2})
+    # a config written for Dynamo: tier weights (no tiers here) and defaults pass
+    dynamo = {"host_cache_hit_weight": 0.5, "router_queue_policy": "fcfs", "router_ttl_secs": 9}
+    assert KvRouterConfig.from_mapping(dynamo).router_ttl_secs == 9
     with pytest.raises(InvalidArgumentError, match="true or false"):
         KvRouterConfig.from_mapping({"use_kv_events": 1})
     with pytest.raises(InvalidArgumentError, match=">= 0"):
@@ -155,3 +160,14 @@ def test_overlap_weight_zero_routes_by_load_alone() -> None:
     del r._pick
     # cached or not, worker 0 costs decode 4 + 4 = 8, worker 1 costs 4
     assert r.choose(request, loads(2), 0.0) == 1
+
+
+def test_dynamo_s_own_default_config_is_accepted() -> None:
+    llm = pytest.importorskip("dynamo.llm", reason="ai-dynamo-runtime ships Linux wheels only")
+    import inspect
+
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(llm.KvRouterConfig).parameters.items()
+    }
+    assert KvRouterConfig.from_mapping(defaults) == KvRouterConfig()

@@ -36,7 +36,11 @@ Decisions, where kvpool cannot or need not copy Dynamo:
 - ``router_track_active_blocks: false`` makes ``decode_blocks`` the request's own blocks
   only; ``router_track_prefill_tokens: false`` makes ``prefill_tokens`` the request's
   prompt only. Output blocks are not tracked (``router_track_output_blocks``'s default).
-- Every other KvRouterConfig field is refused with its name: kvpool models none of them.
+- Other KvRouterConfig fields: those that change nothing in one simulated router over
+  GPU-only caches (`NO_EFFECT`: host and disk tier weights, replica sync, event threads,
+  a remote indexer) are taken with any value; those kvpool does not model are taken at
+  Dynamo's default only (`AT_DEFAULT`), so a config written for Dynamo runs as is; any
+  other value, or an unknown name, is refused with its name.
 """
 
 from __future__ import annotations
@@ -53,6 +57,45 @@ from kvpool.routing.policy import RouterSettings, WorkerLoad
 from kvpool.routing.prompt import prompt_hashes
 from kvpool.routing.views import EventView, PredictedView
 from kvpool.workloads import RequestSpec
+
+NO_EFFECT = frozenset(
+    {
+        "host_cache_hit_weight",
+        "disk_cache_hit_weight",
+        "router_replica_sync",
+        "router_event_threads",
+        "use_remote_indexer",
+        "serve_indexer",
+        "conditional_disagg_policy",  # the conditional_disagg_* act only when it is enabled
+        "conditional_disagg_eff_isl_threshold",
+        "conditional_disagg_eff_isl_ratio_threshold",
+        "conditional_disagg_prefill_busy_threshold",
+        "conditional_disagg_decode_busy_threshold",
+        "router_tracking_key_file",  # keyed tracking hashes: only with a keyed hash
+        "router_tracking_key_id",
+    }
+)
+"""KvRouterConfig fields with no effect here (one router, GPU-only caches): any value."""
+AT_DEFAULT: dict[str, object] = {
+    "router_track_output_blocks": False,
+    "router_prefill_load_model": "none",
+    "router_approximate_cache_policy": "ttl",
+    "router_queue_threshold": None,
+    "router_queue_policy": "fcfs",
+    "enable_session_prefix_index": False,
+    "shared_cache_multiplier": None,
+    "shared_cache_type": "none",
+    "router_predicted_ttl_secs": None,
+    "conditional_disagg_enabled": False,
+    "overlap_score_credit_decay": 0.0,
+    "decode_active_request_weight": 0.0,
+    "router_policy_config": None,
+    "router_prefill_policy": None,
+    "router_decode_policy": None,
+    "router_tracking_hash": "public-xxh3-v1",
+}
+"""KvRouterConfig fields kvpool does not model, taken at ai-dynamo-runtime 1.6.1's
+default only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +121,14 @@ class KvRouterConfig:
             weight = values.pop("overlap_score_weight")
             if weight is not None:
                 values.setdefault("prefill_load_scale", weight)
+        for name in [name for name in values if name in NO_EFFECT]:
+            del values[name]
+        for name in [name for name in values if name in AT_DEFAULT]:
+            if values.pop(name) != AT_DEFAULT[name]:
+                raise InvalidArgumentError(
+                    f"--router-config: kvpool's kv router models {name} only at Dynamo's "
+                    f"default, {AT_DEFAULT[name]!r}"
+                )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
