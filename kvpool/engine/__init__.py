@@ -10,7 +10,7 @@ goodput to the report.
 """
 
 from kvpool.engine.arrivals import Arrivals
-from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
+from kvpool.engine.config import EngineConfig, PreemptionMode
 from kvpool.engine.engine import MockEngine, StepResult
 from kvpool.engine.goodput import Goodput, Sla
 from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
@@ -41,6 +41,7 @@ from kvpool.engine.timing import (
     ProfileTiming,
     StepTiming,
     StepWork,
+    TimingModel,
 )
 
 __all__ = [
