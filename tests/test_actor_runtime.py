@@ -20,7 +20,7 @@ import pytest
 import sniffio
 import uvloop
 
-from kvpool.actors import Actor, Handler, PoolClient, PoolState, open_actor, open_pool
+from kvpool.actors import POOL_ACTOR, Actor, Handler, PoolClient, PoolState, open_actor, open_pool
 from kvpool.actors import slots as slots_module
 from kvpool.actors.slots import current_slots
 from kvpool.errors import (
@@ -536,8 +536,8 @@ def _queued(actor: Actor) -> int:
 @pytest.mark.anyio
 async def test_a_crash_fails_every_queued_call_and_waiter_with_its_cause() -> None:
     state = PoolState(BlockPool(4))
-    table = {**state.handlers(), **_bomb(state)}
-    actor = Actor(table, current_slots())  # started once everything is queued
+    table = {**state.table(), **_bomb(state)}
+    actor = Actor(table, current_slots(), POOL_ACTOR)  # started once everything is queued
     hold = state.admit(Admit([], 4)).admission  # type: ignore[union-attr]
     assert hold is not None
     outcomes: dict[str, Any] = {}

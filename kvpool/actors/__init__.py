@@ -95,23 +95,38 @@ a handler table; each `Handler` says how its kind runs, is undone and waits::
 `open_actor(handlers)` runs the same machinery over any state, without a pool.
 """
 
-from kvpool.actors.actor import WAIT, Actor, Handler, Status, Wait
+from kvpool.actors.actor import (
+    ANY_ACTOR,
+    POOL_ACTOR,
+    WAIT,
+    Actor,
+    ActorIdentity,
+    Handler,
+    Status,
+    Wait,
+)
 from kvpool.actors.client import ActorReservation, ActorReserveOutcome, Lease, PoolClient
 from kvpool.actors.hosting import Extension, open_actor, open_pool
-from kvpool.actors.pool_state import PoolState
+from kvpool.actors.operation import Operation, handler_table
+from kvpool.actors.pool_operations import PoolState
 
 __all__ = [
+    "ANY_ACTOR",
+    "POOL_ACTOR",
     "WAIT",
     "Actor",
+    "ActorIdentity",
     "ActorReservation",
     "ActorReserveOutcome",
     "Extension",
     "Handler",
     "Lease",
+    "Operation",
     "PoolClient",
     "PoolState",
     "Status",
     "Wait",
+    "handler_table",
     "open_actor",
     "open_pool",
 ]

@@ -13,7 +13,7 @@ from kvpool.engine.arrivals import Arrivals
 from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
 from kvpool.engine.engine import MockEngine, StepResult
 from kvpool.engine.goodput import Goodput, Sla
-from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
+from kvpool.engine.kv_client import KvClient, LocalKvClient, TimedKvClient
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.record import RequestRecord
 from kvpool.engine.report import (
@@ -56,7 +56,6 @@ __all__ = [
     "EngineStats",
     "Goodput",
     "KvClient",
-    "KvUsage",
     "LocalKvClient",
     "MockEngine",
     "PreemptionMode",

@@ -88,7 +88,7 @@ from collections.abc import Sequence
 import msgspec
 
 from kvpool.engine.config import EngineConfig, TimingModel
-from kvpool.engine.kv_client import KvClient, KvUsage
+from kvpool.engine.kv_client import KvClient
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.stepping import (
@@ -109,7 +109,7 @@ from kvpool.engine.stepping import (
 from kvpool.engine.timing import DynamoTiming
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
-from kvpool.manager import Allocation, PrefillCost, SlotRequest, StepAllocations
+from kvpool.manager import Allocation, PoolUsage, PrefillCost, SlotRequest, StepAllocations
 from kvpool.workloads import RequestSpec
 
 _UNBOUNDED = 1 << 62
@@ -550,7 +550,7 @@ class MockEngine:
         while self.has_work:
             await self.step()
 
-    async def final_usage(self) -> KvUsage:
+    async def final_usage(self) -> PoolUsage:
         """Check the pool's invariants and return its occupancy (0 active when idle)."""
         await self.kv.check_invariants()
         return await self.kv.usage()
