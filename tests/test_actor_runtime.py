@@ -257,6 +257,40 @@ async def _drive_a_manager(kv: Any, actor: Actor) -> None:
 # ------------------------------------------------- the asyncio fast cancel check
 
 
+def test_the_fast_trio_cancel_check_agrees_with_trio() -> None:
+    # The trio slot opener reads the task's private ``_cancel_status`` (what trio's own
+    # checkpoint_if_cancelled reads): it must agree with trio's public deadline answer.
+    import trio
+
+    async def scenario() -> None:
+        status = getattr(trio.lowlevel.current_task(), "_cancel_status", None)
+        assert status is not None, "the fast check is off here"
+        open_slot = slots_module.trio_slots().open
+
+        def agree() -> bool:
+            expected = trio.current_effective_deadline() == -math.inf
+            assert (open_slot(True) is None) is expected
+            return expected
+
+        assert agree() is False
+        with trio.CancelScope() as outer:
+            assert agree() is False
+            outer.cancel()
+            assert agree() is True
+            with trio.CancelScope(shield=True):
+                assert agree() is False
+                with trio.CancelScope() as nested:
+                    nested.cancel()
+                    assert agree() is True
+                assert agree() is False
+            assert agree() is True
+        assert agree() is False
+        with trio.CancelScope(deadline=-math.inf):  # a deadline already past
+            assert agree() is True
+
+    trio.run(scenario)
+
+
 @ASYNCIO_ONLY
 @pytest.mark.anyio
 async def test_the_fast_cancel_check_agrees_with_anyio() -> None:

@@ -161,7 +161,7 @@ def add_simulate_command(
         "--kv-backend",
         choices=("actor", "local"),
         default="actor",
-        help="where each worker's KV manager and pool run: in its own pool actor task "
+        help="where each worker's KV manager and pool run: in its own manager actor task "
         "(actor) or called inline by the engine (local, faster); the simulation is the "
         "same (default: %(default)s)",
     )

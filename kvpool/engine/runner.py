@@ -57,7 +57,7 @@ async def open_actor_kv(
 
 
 KV_BACKENDS: dict[str, KvFactory] = {"actor": open_actor_kv, "local": open_local_kv}
-"""``--kv-backend``: the manager behind a pool actor per engine, or called inline."""
+"""``--kv-backend``: the manager behind a manager actor per engine, or called inline."""
 
 
 @dataclass(frozen=True, slots=True)
