@@ -45,28 +45,7 @@ from kvpool.errors import (
     ManagerCrashedError,
 )
 from kvpool.events import KVEvent, KVEventBatch
-from kvpool.manager import KvManager
-from kvpool.manager.messages import (
-    AddRequest,
-    AllocateSlots,
-    AllocateSteps,
-    AllocationReply,
-    AppendTokens,
-    BatchReply,
-    CheckManager,
-    EventsReply,
-    FinishStep,
-    FreeRequest,
-    GetManagerStats,
-    GetPrefillCost,
-    ManagerStatsReply,
-    MarkComputed,
-    PreemptRequest,
-    PrefillCostReply,
-    StepsReply,
-    TakeBatch,
-    TakeEvents,
-)
+from kvpool.manager import KvManager, messages
 from kvpool.manager.operations import ManagerState
 from kvpool.manager.types import (
     Allocation,
@@ -83,9 +62,9 @@ from kvpool.pool import BlockPool
 MANAGER_ACTOR: Final = ActorIdentity("manager actor", ManagerClosedError, ManagerCrashedError)
 """The actor `open_manager` runs."""
 
-_TAKE_EVENTS = TakeEvents()
-_GET_STATS = GetManagerStats()
-_CHECK = CheckManager()
+_TAKE_EVENTS = messages.TakeEvents()
+_GET_STATS = messages.GetManagerStats()
+_CHECK = messages.CheckManager()
 
 
 class Transport(Protocol):
@@ -154,18 +133,18 @@ class ManagerClient:
 
     async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillCost:
         """`KvManager.add_request`: register a request; returns its prefill cost now."""
-        reply: PrefillCostReply = await self._call(
-            AddRequest(request_id, prompt_token_ids)  # type: ignore[arg-type]
+        reply: messages.PrefillCostReply = await self._call(
+            messages.AddRequest(request_id, prompt_token_ids)  # type: ignore[arg-type]
         )
         return reply.cost
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
         """`KvManager.append_tokens`: decoded tokens join the request."""
-        await self._call(AppendTokens(request_id, token_ids))  # type: ignore[arg-type]
+        await self._call(messages.AppendTokens(request_id, token_ids))  # type: ignore[arg-type]
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         """`KvManager.prefill_cost`: what an allocation of all its tokens needs now."""
-        reply: PrefillCostReply = await self._call(GetPrefillCost(request_id))
+        reply: messages.PrefillCostReply = await self._call(messages.GetPrefillCost(request_id))
         return reply.cost
 
     async def allocate(
@@ -183,8 +162,8 @@ class ManagerClient:
         behind earlier waiters of the actor and returns once it fits; inline it raises
         `CannotWaitError`. Raises `CapacityError` when it could never fit.
         """
-        reply: AllocationReply = await self._call(
-            AllocateSlots(request_id, num_tokens, wait, cache, new_tokens)  # type: ignore[arg-type]
+        reply: messages.AllocationReply = await self._call(
+            messages.AllocateSlots(request_id, num_tokens, wait, cache, new_tokens)  # type: ignore[arg-type]
         )
         return reply.allocation
 
@@ -196,48 +175,48 @@ class ManagerClient:
         stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
         """`KvManager.allocate_steps`: one or more steps' allocations in one call."""
-        reply: StepsReply = await self._call(
-            AllocateSteps(steps, probe, stop_if_cost_changes)  # type: ignore[arg-type]
+        reply: messages.StepsReply = await self._call(
+            messages.AllocateSteps(steps, probe, stop_if_cost_changes)  # type: ignore[arg-type]
         )
         return reply.steps
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """`KvManager.mark_computed`: move the visibility watermark."""
-        await self._call(MarkComputed(request_id, num_computed_tokens))
+        await self._call(messages.MarkComputed(request_id, num_computed_tokens))
 
     async def free(self, request_id: str) -> None:
         """`KvManager.free`: completion; release leaf first and forget the request."""
-        await self._call(FreeRequest(request_id))
+        await self._call(messages.FreeRequest(request_id))
 
     async def preempt(self, request_id: str) -> None:
         """`KvManager.preempt`: release leaf first, keeping the request's tokens."""
-        await self._call(PreemptRequest(request_id))
+        await self._call(messages.PreemptRequest(request_id))
 
     async def finish_step(self, updates: list[StepUpdate], probe: str | None = None) -> StepOutcome:
         """`KvManager.finish_step`: a step's updates, the drain and the reads, in one call."""
-        outcome: StepOutcome = await self._call(FinishStep(updates, probe))
+        outcome: StepOutcome = await self._call(messages.FinishStep(updates, probe))
         return outcome
 
     async def take_events(self) -> list[KVEvent]:
         """`KvManager.take_events`: the queued KV events, oldest first."""
-        reply: EventsReply = await self._call(_TAKE_EVENTS)
+        reply: messages.EventsReply = await self._call(_TAKE_EVENTS)
         return reply.events
 
     async def take_batch(
         self, ts: float | None = None, data_parallel_rank: int | None = None
     ) -> KVEventBatch | None:
         """`KvManager.take_batch`, ``ts`` defaulting to the wall clock as it is served."""
-        reply: BatchReply = await self._call(TakeBatch(ts, data_parallel_rank))
+        reply: messages.BatchReply = await self._call(messages.TakeBatch(ts, data_parallel_rank))
         return reply.batch
 
     async def stats(self) -> ManagerStats:
         """`KvManager.stats`: the manager's counters."""
-        reply: ManagerStatsReply = await self._call(_GET_STATS)
+        reply: messages.ManagerStatsReply = await self._call(_GET_STATS)
         return reply.stats
 
     async def usage(self) -> PoolUsage:
         """The pool's occupancy now."""
-        reply: ManagerStatsReply = await self._call(_GET_STATS)
+        reply: messages.ManagerStatsReply = await self._call(_GET_STATS)
         return reply.usage
 
     async def check_invariants(self) -> None:
