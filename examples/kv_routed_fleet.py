@@ -8,7 +8,14 @@ to the one whose /metrics show the least prefill work (``vllm:prompt_tokens_tota
 prints where each turn went and how much of its prompt that worker's cache served, then
 stops the fleet (each worker must exit 0: no block leaked).
 
+With ``--router package.module:factory`` the router is instead a `kvpool.routing` router,
+the very object ``kvpool simulate --dispatch package.module:factory`` runs offline: it gets
+each worker's KV events from its ZMQ stream (`LiveRouting`) and each worker's load from its
+/metrics, and is asked ``choose`` with the request as a workload `RequestSpec` (whose token
+ids are what is sent); no Dynamo indexer is started. ``examples/prefix_router.py`` is one.
+
 Run:  python examples/kv_routed_fleet.py [--workers 3] [--chats 6] [--turns 3]
+      PYTHONPATH=examples python examples/kv_routed_fleet.py --router prefix_router:make
 """
 
 from __future__ import annotations
@@ -26,8 +33,13 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvpool.events import BlockStored, decode_batch
+from kvpool.routing import DispatchPolicy, RouterSettings, WorkerLoad, make_router, prompt_hashes
+from kvpool.workloads import RequestSpec, Segment
+
 MODEL = "kvpool-mock"
 BLOCK_SIZE = 16
+NUM_GPU_BLOCKS = 2048
 SYSTEM_PROMPTS = 3
 WAIT_S = 20.0
 
@@ -64,6 +76,19 @@ class Worker:
                 return sum(sample.value for sample in family.samples)
         raise SystemExit(f"worker {self.instance} reports no vllm:prompt_tokens_total")
 
+    def load(self, index: int) -> WorkerLoad:
+        """The worker's load as a `kvpool.routing` router reads it, from its /metrics."""
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(httpx.get(f"{self.url}/metrics").text):
+            values[family.name] = sum(sample.value for sample in family.samples)
+        return WorkerLoad(
+            index=index,
+            num_running=int(values.get("vllm:num_requests_running", 0)),
+            num_waiting=int(values.get("vllm:num_requests_waiting", 0)),
+            active_blocks=round(values.get("vllm:kv_cache_usage_perc", 0.0) * NUM_GPU_BLOCKS),
+            capacity=NUM_GPU_BLOCKS,
+        )
+
 
 @contextmanager
 def worker(instance: int) -> Iterator[Worker]:
@@ -71,7 +96,7 @@ def worker(instance: int) -> Iterator[Worker]:
     pub, replay = free_port(), free_port()
     command = [
         sys.executable, "-m", "kvpool", "serve", "--host", "127.0.0.1", "--port", "0",
-        "--log-level", "warning", "--speedup-ratio", "0", "--num-gpu-blocks", "2048",
+        "--log-level", "warning", "--speedup-ratio", "0", "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
         "--block-size", str(BLOCK_SIZE), "--zmq-kv-event-port", str(pub),
         "--zmq-replay-port", str(replay), "--zmq-kv-event-host", "127.0.0.1",
     ]  # fmt: skip
@@ -166,24 +191,106 @@ class Router:
         return chosen, cached
 
 
+class LiveRouting:
+    """A `kvpool.routing` router in front of the live workers: the same calls
+    ``kvpool simulate`` makes, with events from the workers' ZMQ streams."""
+
+    def __init__(self, policy: DispatchPolicy, workers: list[Worker]) -> None:
+        import zmq
+
+        self.policy = policy
+        self.workers = workers
+        self.context = zmq.Context()
+        self.sockets = []
+        for w in workers:
+            sub = self.context.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(f"tcp://127.0.0.1:{w.pub_port}")
+            self.sockets.append(sub)
+        time.sleep(0.5)  # let each subscription reach its publisher before any event
+        self.start = time.monotonic()
+        self.stored: list[set[int]] = [set() for _ in workers]
+
+    def pump(self) -> None:
+        """Hand the router every event batch received so far."""
+        import zmq
+
+        now = time.monotonic() - self.start
+        for index, sub in enumerate(self.sockets):
+            while sub.poll(0):
+                _, _, payload = sub.recv_multipart(zmq.NOBLOCK)
+                events = decode_batch(payload).events
+                for event in events:
+                    if isinstance(event, BlockStored):
+                        self.stored[index].update(event.block_hashes)
+                self.policy.observe(index, events, now)
+
+    def complete(self, spec: RequestSpec) -> tuple[Worker, int]:
+        """Route and run one completion; return its worker and its cached prompt tokens."""
+        self.pump()
+        loads = [w.load(i) for i, w in enumerate(self.workers)]
+        index = self.policy.choose(spec, loads, time.monotonic() - self.start)
+        chosen = self.workers[index]
+        body = {"model": MODEL, "prompt": spec.prompt_token_ids(), "max_tokens": 20}
+        response = httpx.post(f"{chosen.url}/v1/completions", json=body, timeout=WAIT_S)
+        response.raise_for_status()
+        self.policy.finished(index, spec.request_id, time.monotonic() - self.start)
+        cached = int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        # as the indexer mode does: wait until the worker's events for the prompt arrived
+        last = prompt_hashes(spec, BLOCK_SIZE)[-1:]
+
+        def arrived() -> bool:
+            self.pump()
+            return set(last) <= self.stored[index]
+
+        wait_for(arrived, "the events")
+        return chosen, cached
+
+    def close(self) -> None:
+        for sub in self.sockets:
+            sub.close(linger=0)
+        self.context.term()
+
+
+def chat_segments(chat: int, system: int, turns: int) -> list[tuple[Segment, ...]]:
+    """Each turn's prompt as workload segments: token ``j`` of a segment is its seed + j."""
+    history = [Segment(1_000_000 * (system + 1), 400)]
+    prompts = []
+    for turn in range(turns):
+        history.append(Segment(10_000 * (chat + 1) + 100 * turn, 50))
+        prompts.append(tuple(history))
+    return prompts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--chats", type=int, default=6)
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--router", metavar="MODULE:FACTORY", help="a kvpool.routing router")
     args = parser.parse_args()
     with ExitStack() as stack:
         workers = [stack.enter_context(worker(n + 1)) for n in range(args.workers)]
-        router = Router(stack.enter_context(indexer()), workers)
+        live: LiveRouting | None = None
+        router: Router | None = None
+        if args.router:
+            settings = RouterSettings(num_workers=args.workers, block_size=BLOCK_SIZE)
+            live = LiveRouting(make_router(args.router, settings), workers)
+            stack.callback(live.close)
+        else:
+            router = Router(stack.enter_context(indexer()), workers)
         for chat in range(args.chats):
             system = chat % SYSTEM_PROMPTS  # 400 tokens shared by every chat that uses it
-            history = [1_000_000 * (system + 1) + i for i in range(400)]
-            for turn in range(args.turns):
-                history += [10_000 * (chat + 1) + 100 * turn + i for i in range(50)]
-                chosen, cached = router.complete(history)
+            for turn, prompt in enumerate(chat_segments(chat, system, args.turns)):
+                spec = RequestSpec(f"chat{chat}-turn{turn}", 0.0, prompt, Segment(0, 20))
+                if live is not None:
+                    chosen, cached = live.complete(spec)
+                else:
+                    assert router is not None
+                    chosen, cached = router.complete(spec.prompt_token_ids())
                 print(
                     f"chat {chat} (system prompt {system}) turn {turn}: worker "
-                    f"{chosen.instance}, {cached} of {len(history)} prompt tokens cached"
+                    f"{chosen.instance}, {cached} of {spec.input_length} prompt tokens cached"
                 )
     print(f"fleet stopped: {args.workers} workers exited 0")
 

@@ -15,6 +15,10 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SAMPLE = str(BENCHMARKS.parent / "kvpool" / "data" / "sample_trace.jsonl")
 
 RUNS = {
+    "routing": (
+        ["bench_routing.py", "--trace", SAMPLE, "--num-gpu-blocks", "2048", "--no-dynamo"],
+        ["round-robin", "llm-d", "prefix_router:make", "cached tokens", "round robin's"],
+    ),
     "pool": (["bench_pool.py", "--quick"], ["ns/call", "memory per resident cached block"]),
     "actor": (["bench_actor.py", "--quick"], ["Round trip", "minimal actor", "x bare"]),
     "engine": (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,13 +13,14 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _run(script: str, *args: str) -> str:
+def _run(script: str, *args: str, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -49,9 +51,20 @@ def test_the_stress_run_leaves_nothing_held(backend: str) -> None:
     assert int(fields["reserves"]) >= int(fields["leases"])
 
 
-def test_the_kv_routed_fleet_sends_each_chat_to_the_worker_holding_its_prefix() -> None:
-    pytest.importorskip("dynamo.llm", reason="ai-dynamo-runtime ships Linux wheels only")
-    out = _run("kv_routed_fleet.py", "--workers", "3", "--chats", "6", "--turns", "3")
+@pytest.mark.parametrize("router", ["dynamo-indexer", "prefix_router:make"])
+def test_the_kv_routed_fleet_sends_each_chat_to_the_worker_holding_its_prefix(
+    router: str,
+) -> None:
+    args = ["--workers", "3", "--chats", "6", "--turns", "3"]
+    env = None
+    if router == "dynamo-indexer":
+        pytest.importorskip("dynamo.llm", reason="ai-dynamo-runtime ships Linux wheels only")
+    else:  # the plug-in router kvpool simulate runs offline (tests/test_routing_simulate.py)
+        pytest.importorskip("zmq")
+        args += ["--router", router]
+        paths = [str(EXAMPLES.parent), str(EXAMPLES), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    out = _run("kv_routed_fleet.py", *args, env=env)
     turns = re.findall(
         r"chat (\d+) \(system prompt (\d+)\) turn (\d+): worker (\d+), (\d+) of (\d+)", out
     )

@@ -25,6 +25,7 @@ LAYERS = [
     "events",
     "manager",
     "workloads",
+    "routing",
     "engine",
     "flags",
     "serve",

@@ -91,3 +91,21 @@ def test_a_subclass_override_is_the_handler_that_runs() -> None:
     state = Counting(BlockPool(4))
     state.table()[pool_messages.QueryPrefix].handle(pool_messages.QueryPrefix(1))
     assert state.queries == 1
+
+
+@pytest.mark.anyio
+async def test_an_inline_waiting_allocation_that_does_not_fit_is_refused() -> None:
+    from kvpool.engine import LocalKvClient, TimedKvClient
+    from kvpool.errors import CannotWaitError
+
+    kv = LocalKvClient.create(2, 4)
+    await kv.add_request("a", [1] * 8)
+    await kv.add_request("b", [2] * 8)
+    assert await kv.allocate("a", 8, wait=True) is not None  # it fits: no wait needed
+    with pytest.raises(CannotWaitError):
+        await kv.allocate("b", 8, wait=True)
+    assert kv.manager.num_blocks("b") == 0  # refused: nothing changed
+    timed = TimedKvClient(kv)
+    await timed.free("a")
+    assert (timed.calls, timed.seconds > 0) == (1, True)
+    assert (await kv.usage()).num_active == 0  # the timed client drives the same manager

@@ -32,6 +32,13 @@ from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
 from kvpool.errors import PoolError, TraceError
 from kvpool.flags.engine import add_engine_flags, engine_config
 from kvpool.flags.events import add_event_flags, check_event_flags, open_publishers
+from kvpool.flags.routing import (
+    PLAIN_DISPATCH,
+    add_routing_flags,
+    build_router,
+    check_routing_flags,
+    routing_settings_skipped,
+)
 from kvpool.flags.values import MAX_WORKERS, int_at_least, speedup
 from kvpool.workloads import (
     MOONCAKE_BLOCK_SIZE,
@@ -132,13 +139,7 @@ def add_simulate_command(
         help="engines (data-parallel ranks), each with its own pool and event stream "
         "(default: %(default)s)",
     )
-    cluster.add_argument(
-        "--dispatch",
-        choices=("least-loaded", "round-robin"),
-        default="least-loaded",
-        help="how requests are spread over workers: fewest outstanding requests (lowest "
-        "rank on ties) or in turn (default: %(default)s)",
-    )
+    add_routing_flags(cluster)
     cluster.add_argument(
         "--speedup-ratio",
         type=speedup,
@@ -189,7 +190,8 @@ def add_simulate_command(
         metavar="FILE",
         help="also write one JSON line per request, by arrival: arrival_s, "
         "first_scheduled_s, first_token_s, finish_s, prompt_tokens, output_tokens, "
-        "cached_tokens (summed over admissions), preemptions, worker, rejected "
+        "cached_tokens (summed over admissions), preemptions, worker, rejected, and with "
+        "a router router_overlap_blocks (the prompt blocks it saw cached on that worker) "
         "('-' = stdout; the text report then goes to stderr)",
     )
     out.add_argument(
@@ -225,8 +227,12 @@ def check_simulate_flags(args: argparse.Namespace, parser: argparse.ArgumentPars
     config = engine_config(args, parser)
     check_workload_flags(args, parser)
     config = dataclasses.replace(config, max_model_len=args.max_model_len)
-    if args.trace and (args.seed != 0 or args.sessions != SyntheticWorkload().num_sessions):
+    routed = args.dispatch not in PLAIN_DISPATCH  # --seed then seeds the router too
+    if args.trace and (
+        (args.seed != 0 and not routed) or args.sessions != SyntheticWorkload().num_sessions
+    ):
         parser.error("--seed and --sessions shape the embedded workload; --trace replaces it")
+    check_routing_flags(args, parser)
     if not args.trace and args.trace_block_size != MOONCAKE_BLOCK_SIZE:
         parser.error("--trace-block-size applies to a --trace only")
     if args.json == "-" and args.requests_jsonl == "-":
@@ -426,6 +432,7 @@ def _show_progress(args: argparse.Namespace) -> bool:
 
 def _settings(args: argparse.Namespace) -> dict[str, object]:
     skip = {"command", "handler", "json", "plot", "requests_jsonl", "no_progress"}
+    skip |= routing_settings_skipped(args)
     return {key: value for key, value in sorted(vars(args).items()) if key not in skip}
 
 
@@ -446,7 +453,9 @@ def _run(
             requests,
             config,
             workers=args.workers,
-            dispatch=args.dispatch,
+            dispatch=build_router(args, config.block_size) or args.dispatch,
+            router_event_delay_s=args.router_event_delay_ms / 1e3,
+            router_name=args.dispatch,
             speedup_ratio=args.speedup_ratio,
             fast_forward=args.fast_forward,
             sinks=sinks,
@@ -518,8 +527,13 @@ def _request_lines(run: SimulationRun) -> Iterable[bytes]:
     records = [record for engine in run.engines for record in engine.stats.requests]
     records.sort(key=lambda record: (record.arrival_s, record.worker))
     encoder = msgspec.json.Encoder()
+    router = run.router
     for record in records:
-        yield encoder.encode(record) + b"\n"
+        line = encoder.encode(record)
+        if router is not None:  # routed: the overlap (blocks) its router saw, or null
+            overlap = router.overlap_seen(record.request_id)
+            line = line[:-1] + b',"router_overlap_blocks":' + encoder.encode(overlap) + b"}"
+        yield line + b"\n"
 
 
 def _write(flag: str, target: str, chunks: Iterable[bytes]) -> str | None:

@@ -20,6 +20,7 @@ from kvpool.engine.metrics import (
     weighted_mean,
     weighted_percentile,
 )
+from kvpool.engine.routing_report import RoutingSummary, routing_lines
 from kvpool.manager import PoolUsage
 
 
@@ -138,6 +139,7 @@ class Report(msgspec.Struct, frozen=True):
     max_sim_time_s: float | None = None
     requests_unfinished: int = 0
     requests_unstarted: int = 0
+    routing: RoutingSummary | None = None
 
 
 def worker_report(
@@ -211,6 +213,7 @@ def build_report(
     max_sim_time_s: float | None = None,
     unfinished: int = 0,
     unstarted: int = 0,
+    routing: RoutingSummary | None = None,
 ) -> Report:
     """The report of a finished run; ``final`` is each engine's `MockEngine.final_usage`;
     ``unfinished`` and ``unstarted`` what a ``max_sim_time_s`` cut (`Simulation`)."""
@@ -233,11 +236,17 @@ def build_report(
         max_sim_time_s=max_sim_time_s,
         requests_unfinished=unfinished,
         requests_unstarted=unstarted,
+        routing=routing,
     )
 
 
 def report_json(report: Report) -> bytes:
-    """The report as indented JSON (UTF-8, trailing newline)."""
+    """The report as indented JSON (UTF-8, trailing newline); ``routing`` only when a
+    router dispatched (so a least-loaded or round-robin report reads as before)."""
+    if report.routing is None:
+        fields = msgspec.to_builtins(report)
+        del fields["routing"]
+        return msgspec.json.format(msgspec.json.encode(fields), indent=2) + b"\n"
     return msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n"
 
 
@@ -310,6 +319,8 @@ def format_report(report: Report) -> str:
     for label, values in rows:
         cells = "  ".join(v.rjust(w) for v, w in zip(values, widths, strict=True))
         lines.append(f"{label.ljust(label_width)}  {cells}")
+    if report.routing is not None:
+        lines.extend(routing_lines(report.routing))
     if report.max_sim_time_s is not None:
         lines.append(
             f"cut at {report.max_sim_time_s:g}s simulated (--max-sim-time-s): "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -12,10 +13,13 @@ from kvpool.engine.engine import MockEngine
 from kvpool.engine.goodput import Sla
 from kvpool.engine.kv_client import KvClient, LocalKvClient
 from kvpool.engine.report import Report, build_report
+from kvpool.engine.routed import RoutedDispatch
+from kvpool.engine.routing_report import routing_summary
 from kvpool.engine.simulation import Dispatch, ProgressCallback, Simulation
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink
 from kvpool.manager import open_manager
+from kvpool.routing import DispatchPolicy, uses_kv_events
 from kvpool.workloads import RequestSpec
 from kvpool.workloads.session import Session
 
@@ -62,10 +66,12 @@ KV_BACKENDS: dict[str, KvFactory] = {"actor": open_actor_kv, "local": open_local
 
 @dataclass(frozen=True, slots=True)
 class SimulationRun:
-    """A finished run: its engines (with their stats and samples) and its report."""
+    """A finished run: its engines (with their stats and samples), its report, and the
+    router that dispatched it (None for least-loaded or round-robin)."""
 
     engines: list[MockEngine]
     report: Report
+    router: RoutedDispatch | None = None
 
 
 async def run_simulation(
@@ -73,7 +79,9 @@ async def run_simulation(
     config: EngineConfig,
     *,
     workers: int = 1,
-    dispatch: Dispatch = "least-loaded",
+    dispatch: Dispatch | DispatchPolicy = "least-loaded",
+    router_event_delay_s: float = 0.0,
+    router_name: str | None = None,
     speedup_ratio: float = 0.0,
     fast_forward: bool = True,
     kv_factory: KvFactory = open_local_kv,
@@ -97,13 +105,18 @@ async def run_simulation(
     ``max_sim_time_s`` and ``lockstep``; ``sla`` adds goodput to the report. Event
     batches' ``ts`` is
     wall-clock time when paced (``speedup_ratio > 0``); at full speed it is the run's
-    start time plus simulated seconds. Raises `InvalidArgumentError`
+    start time plus simulated seconds. A router as ``dispatch`` (named ``router_name`` in
+    the report's routing section) that reads KV events turns them on in ``config``;
+    ``router_event_delay_s`` delays them to it. Raises `InvalidArgumentError`
     for a bad argument and whatever a KV client raises.
     """
     if type(workers) is not int or workers < 1:
         raise InvalidArgumentError(f"workers must be an int >= 1, got {workers!r}")
     if sinks is not None and len(sinks) != workers:
         raise InvalidArgumentError(f"need one sink (or None) per worker, got {len(sinks)}")
+    router = None if isinstance(dispatch, str) else dispatch
+    if router is not None and uses_kv_events(router) and not config.enable_kv_cache_events:
+        config = dataclasses.replace(config, enable_kv_cache_events=True)
     epoch = time.time()
     async with AsyncExitStack() as stack:
         engines = []
@@ -120,6 +133,7 @@ async def run_simulation(
             engines,
             requests,
             dispatch=dispatch,
+            router_event_delay_s=router_event_delay_s,
             speedup_ratio=speedup_ratio,
             fast_forward=fast_forward,
             on_progress=on_progress,
@@ -140,5 +154,8 @@ async def run_simulation(
         max_sim_time_s=max_sim_time_s,
         unfinished=simulation.unfinished,
         unstarted=simulation.unstarted,
+        routing=None
+        if simulation.router is None
+        else routing_summary(engines, router_name or type(router).__name__, router_event_delay_s),
     )
-    return SimulationRun(engines, report)
+    return SimulationRun(engines, report, simulation.router)

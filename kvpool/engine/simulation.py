@@ -16,7 +16,9 @@ a jump cross block boundaries, so that no event batch is published before its ti
 
 Dispatch: ``least-loaded`` (default) gives a request to the engine with the fewest
 outstanding (waiting + running) requests, lowest rank on ties; ``round-robin`` cycles
-through the ranks. Both are deterministic.
+through the ranks. Both are deterministic. A `kvpool.routing.DispatchPolicy` (Dynamo's
+KV router, llm-d's scheduler, a user's) routes instead when given as ``dispatch``
+(`kvpool.engine.routed.RoutedDispatch` connects it to the engines).
 
 The busy engines wait in a heap keyed by (clock, rank), so choosing the next to step
 costs O(log busy) whatever the number of workers, and least-loaded dispatch reads a heap
@@ -37,7 +39,9 @@ import anyio
 
 from kvpool.engine.arrivals import Arrivals
 from kvpool.engine.engine import MockEngine
+from kvpool.engine.routed import RoutedDispatch
 from kvpool.errors import InvalidArgumentError
+from kvpool.routing import DispatchPolicy
 from kvpool.workloads import RequestSpec
 from kvpool.workloads.session import Session
 
@@ -76,7 +80,8 @@ class Simulation:
         engines: Sequence[MockEngine],
         requests: Iterable[RequestSpec | Session],
         *,
-        dispatch: Dispatch = "least-loaded",
+        dispatch: Dispatch | DispatchPolicy = "least-loaded",
+        router_event_delay_s: float = 0.0,
         speedup_ratio: float = 0.0,
         on_progress: ProgressCallback | None = None,
         fast_forward: bool = True,
@@ -87,7 +92,7 @@ class Simulation:
     ) -> None:
         if not engines:
             raise InvalidArgumentError("a simulation needs at least one engine")
-        if dispatch not in ("least-loaded", "round-robin"):
+        if isinstance(dispatch, str) and dispatch not in ("least-loaded", "round-robin"):
             raise InvalidArgumentError(f"unknown dispatch policy {dispatch!r}")
         if not speedup_ratio >= 0:
             raise InvalidArgumentError(f"speedup_ratio must be >= 0, got {speedup_ratio!r}")
@@ -104,6 +109,12 @@ class Simulation:
             requests, concurrency=concurrency, arrival_speedup_ratio=arrival_speedup_ratio
         )
         self.dispatch = dispatch
+        # the router, when ``dispatch`` is one; the only place dispatch touches it
+        self.router = (
+            None
+            if isinstance(dispatch, str)
+            else RoutedDispatch(dispatch, self.engines, event_delay_s=router_event_delay_s)
+        )
         self.speedup_ratio = speedup_ratio
         self.on_progress = on_progress
         self.fast_forward = fast_forward
@@ -154,13 +165,15 @@ class Simulation:
                 spec, when = arrivals.pop()
                 if speedup > 0:
                     await _sleep_until(start + when / speedup)
-                index = self._round_robin() if loads is None else loads.lightest()
+                index = self._choose(spec, when, loads)
                 engine = engines[index]
                 engine.advance_to(when)
                 if not await engine.submit(spec, when):
                     settled += 1
                     seen[index] += 1  # its rejection record
                     arrivals.settled(spec.request_id, when)
+                    if self.router is not None:
+                        self.router.settled(index, spec.request_id, when)
                     if report is not None:
                         report(settled, total, when)
                     continue
@@ -196,6 +209,8 @@ class Simulation:
                 for record in records[seen[index] :]:
                     finished = engine.clock if record.finish_s is None else record.finish_s
                     arrivals.settled(record.request_id, finished)
+                    if self.router is not None:
+                        self.router.settled(index, record.request_id, finished)
                 seen[index] = len(records)
             if engine.has_work:
                 heapq.heappush(busy, (engine.clock, engine.rank, index))
@@ -235,11 +250,13 @@ class Simulation:
                         engine.advance_to(clock)
                 if speedup > 0:
                     await _sleep_until(start + when / speedup)
-                index = self._round_robin() if loads is None else loads.lightest()
+                index = self._choose(spec, when, loads)
                 if not await engines[index].submit(spec, when):
                     settled += 1
                     seen[index] += 1  # its rejection record
                     arrivals.settled(spec.request_id, when)
+                    if self.router is not None:
+                        self.router.settled(index, spec.request_id, when)
                     if report is not None:
                         report(settled, total, when)
                 elif loads is not None:
@@ -262,6 +279,8 @@ class Simulation:
                 for record in records[seen[index] :]:
                     finished = clock if record.finish_s is None else record.finish_s
                     arrivals.settled(record.request_id, finished)
+                    if self.router is not None:
+                        self.router.settled(index, record.request_id, finished)
                     settled += 1
                 seen[index] = len(records)
                 if loads is not None:
@@ -279,6 +298,12 @@ class Simulation:
                 await engine.abort(request.request_id)
                 self.unfinished += 1
         self.unstarted = self.arrivals.unsent()
+
+    def _choose(self, spec: RequestSpec, when: float, loads: _LoadHeap | None) -> int:
+        """The engine ``spec`` goes to: the router's, else least-loaded or round-robin."""
+        if self.router is not None:
+            return self.router.choose(spec, when)
+        return self._round_robin() if loads is None else loads.lightest()
 
     def _round_robin(self) -> int:
         index = self._next_rank
