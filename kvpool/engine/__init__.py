@@ -11,6 +11,7 @@ goodput to the report.
 
 from kvpool.engine.arrivals import Arrivals
 from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
+from kvpool.engine.dispatch import Dispatch, Dispatcher, LeastLoaded, RoundRobin, make_policy
 from kvpool.engine.engine import MockEngine, StepResult
 from kvpool.engine.goodput import Goodput, Sla
 from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
@@ -31,7 +32,7 @@ from kvpool.engine.runner import (
     open_local_kv,
     run_simulation,
 )
-from kvpool.engine.simulation import Dispatch, Simulation
+from kvpool.engine.simulation import Simulation
 from kvpool.engine.timing import (
     AicTiming,
     Dynamo16ProfileTiming,
@@ -48,6 +49,7 @@ __all__ = [
     "AicTiming",
     "Arrivals",
     "Dispatch",
+    "Dispatcher",
     "Distribution",
     "Dynamo16ProfileTiming",
     "Dynamo16Timing",
@@ -57,12 +59,14 @@ __all__ = [
     "Goodput",
     "KvClient",
     "KvUsage",
+    "LeastLoaded",
     "LocalKvClient",
     "MockEngine",
     "PreemptionMode",
     "ProfileDataError",
     "ProfileTiming",
     "Report",
+    "RoundRobin",
     "RequestRecord",
     "Simulation",
     "SimulationRun",
@@ -75,6 +79,7 @@ __all__ = [
     "WorkerReport",
     "build_report",
     "format_report",
+    "make_policy",
     "open_actor_kv",
     "open_local_kv",
     "report_json",

@@ -87,6 +87,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from kvpool.engine.admission import rejection_reason
 from kvpool.engine.config import EngineConfig, TimingModel
 from kvpool.engine.kv_client import KvClient, KvUsage
 from kvpool.engine.metrics import EngineStats
@@ -232,25 +233,9 @@ class MockEngine:
             self.clock = when
 
     def rejection_reason(self, spec: RequestSpec) -> str | None:
-        """Why ``spec`` could never run on this engine, or None if it can."""
-        config = self.config
-        limit = config.max_model_len
-        if limit is not None and spec.input_length + spec.output_length > limit:
-            return (
-                f"holds {spec.input_length} prompt and {spec.output_length} output tokens, "
-                f"more than max_model_len {limit}"
-            )
-        # The last output token is sampled, never computed: it needs no KV slot.
-        max_tokens = spec.input_length + spec.output_length - 1
-        blocks = -(-max_tokens // config.block_size)
-        if blocks > config.num_gpu_blocks:
-            return f"needs {blocks} blocks, the pool holds {config.num_gpu_blocks}"
-        if not config.enable_chunked_prefill and max_tokens > config.max_num_batched_tokens:
-            return (
-                f"needs {max_tokens} tokens in one step without chunked prefill, the "
-                f"budget is {config.max_num_batched_tokens}"
-            )
-        return None
+        """Why ``spec`` could never run on this engine, or None if it can
+        (`kvpool.engine.admission.rejection_reason` of its config)."""
+        return rejection_reason(self.config, spec)
 
     async def submit(self, spec: RequestSpec, arrival_s: float | None = None) -> bool:
         """Queue a request; False if it was rejected.

@@ -9,13 +9,13 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 
 from kvpool.engine.config import EngineConfig
+from kvpool.engine.dispatch import Dispatch, RoutedDispatch
 from kvpool.engine.engine import MockEngine
 from kvpool.engine.goodput import Sla
 from kvpool.engine.kv_client import KvClient, LocalKvClient
 from kvpool.engine.report import Report, build_report
-from kvpool.engine.routed import RoutedDispatch
 from kvpool.engine.routing_report import routing_summary
-from kvpool.engine.simulation import Dispatch, ProgressCallback, Simulation
+from kvpool.engine.simulation import ProgressCallback, Simulation
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink
 from kvpool.manager import open_manager

@@ -14,11 +14,8 @@ last may admit, and finish, a request, which the loop counts as after a step), s
 run is identical to stepping one step at a time, only faster. A paced run does not let
 a jump cross block boundaries, so that no event batch is published before its time.
 
-Dispatch: ``least-loaded`` (default) gives a request to the engine with the fewest
-outstanding (waiting + running) requests, lowest rank on ties; ``round-robin`` cycles
-through the ranks. Both are deterministic. A `kvpool.routing.DispatchPolicy` (Dynamo's
-KV router, llm-d's scheduler, a user's) routes instead when given as ``dispatch``
-(`kvpool.engine.routed.RoutedDispatch` connects it to the engines).
+Dispatch: ``least-loaded`` (default), ``round-robin`` or a `kvpool.routing.DispatchPolicy`
+(Dynamo's KV router, llm-d's scheduler, a user's), run through `kvpool.engine.dispatch`.
 
 The busy engines wait in a heap keyed by (clock, rank), so choosing the next to step
 costs O(log busy) whatever the number of workers, and least-loaded dispatch reads a heap
@@ -33,19 +30,17 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import pairwise
-from typing import Literal
 
 import anyio
 
 from kvpool.engine.arrivals import Arrivals
+from kvpool.engine.dispatch import Dispatch, RoutedDispatch, bind, make_policy
 from kvpool.engine.engine import MockEngine
-from kvpool.engine.routed import RoutedDispatch
 from kvpool.errors import InvalidArgumentError
 from kvpool.routing import DispatchPolicy
 from kvpool.workloads import RequestSpec
 from kvpool.workloads.session import Session
 
-Dispatch = Literal["least-loaded", "round-robin"]
 ProgressCallback = Callable[[int, int, float], None]
 """Called as ``(requests finished or rejected, requests in the workload, simulated s)``;
 the workload's count is 0 when ``requests`` has no length (a plain iterator)."""
@@ -92,8 +87,7 @@ class Simulation:
     ) -> None:
         if not engines:
             raise InvalidArgumentError("a simulation needs at least one engine")
-        if isinstance(dispatch, str) and dispatch not in ("least-loaded", "round-robin"):
-            raise InvalidArgumentError(f"unknown dispatch policy {dispatch!r}")
+        policy = make_policy(dispatch)
         if not speedup_ratio >= 0:
             raise InvalidArgumentError(f"speedup_ratio must be >= 0, got {speedup_ratio!r}")
         if max_sim_time_s is not None and not max_sim_time_s > 0:
@@ -109,12 +103,9 @@ class Simulation:
             requests, concurrency=concurrency, arrival_speedup_ratio=arrival_speedup_ratio
         )
         self.dispatch = dispatch
-        # the router, when ``dispatch`` is one; the only place dispatch touches it
-        self.router = (
-            None
-            if isinstance(dispatch, str)
-            else RoutedDispatch(dispatch, self.engines, event_delay_s=router_event_delay_s)
-        )
+        self.dispatcher = bind(policy, self.engines, event_delay_s=router_event_delay_s)
+        # the router, when ``dispatch`` is one (the runner reports on it)
+        self.router = self.dispatcher if isinstance(self.dispatcher, RoutedDispatch) else None
         self.speedup_ratio = speedup_ratio
         self.on_progress = on_progress
         self.fast_forward = fast_forward
@@ -123,7 +114,6 @@ class Simulation:
         self.wall_s = 0.0
         self.unfinished = 0
         self.unstarted = 0
-        self._next_rank = 0
 
     async def run(self) -> float:
         """Dispatch and step until every request has finished or been rejected (or the
@@ -157,7 +147,7 @@ class Simulation:
         queued = [False] * len(engines)  # on the heap (busy)
         for _, _, index in busy:
             queued[index] = True
-        loads = _LoadHeap(engines) if self.dispatch == "least-loaded" else None
+        dispatcher = self.dispatcher
         start = time.perf_counter()
         while True:
             when = arrivals.peek()
@@ -165,20 +155,18 @@ class Simulation:
                 spec, when = arrivals.pop()
                 if speedup > 0:
                     await _sleep_until(start + when / speedup)
-                index = self._choose(spec, when, loads)
+                index = dispatcher.choose(spec, when)
                 engine = engines[index]
                 engine.advance_to(when)
                 if not await engine.submit(spec, when):
                     settled += 1
                     seen[index] += 1  # its rejection record
                     arrivals.settled(spec.request_id, when)
-                    if self.router is not None:
-                        self.router.settled(index, spec.request_id, when)
+                    dispatcher.settled(index, spec.request_id, when)
                     if report is not None:
                         report(settled, total, when)
                     continue
-                if loads is not None:
-                    loads.changed(index)
+                dispatcher.changed(index)
                 if not queued[index]:
                     heapq.heappush(busy, (engine.clock, engine.rank, index))
                     queued[index] = True
@@ -203,14 +191,12 @@ class Simulation:
                 await engine.step()
             if engine.stats.completed != completed:
                 settled += engine.stats.completed - completed
-                if loads is not None:
-                    loads.changed(index)
+                dispatcher.changed(index)
                 records = engine.stats.requests
                 for record in records[seen[index] :]:
                     finished = engine.clock if record.finish_s is None else record.finish_s
                     arrivals.settled(record.request_id, finished)
-                    if self.router is not None:
-                        self.router.settled(index, record.request_id, finished)
+                    dispatcher.settled(index, record.request_id, finished)
                 seen[index] = len(records)
             if engine.has_work:
                 heapq.heappush(busy, (engine.clock, engine.rank, index))
@@ -235,7 +221,7 @@ class Simulation:
         cutoff = math.inf if self.max_sim_time_s is None else self.max_sim_time_s
         settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
         seen = [len(engine.stats.requests) for engine in engines]
-        loads = _LoadHeap(engines) if self.dispatch == "least-loaded" else None
+        dispatcher = self.dispatcher
         clock = max(engine.clock for engine in engines)
         for engine in engines:
             engine.advance_to(clock)
@@ -250,17 +236,16 @@ class Simulation:
                         engine.advance_to(clock)
                 if speedup > 0:
                     await _sleep_until(start + when / speedup)
-                index = self._choose(spec, when, loads)
+                index = dispatcher.choose(spec, when)
                 if not await engines[index].submit(spec, when):
                     settled += 1
                     seen[index] += 1  # its rejection record
                     arrivals.settled(spec.request_id, when)
-                    if self.router is not None:
-                        self.router.settled(index, spec.request_id, when)
+                    dispatcher.settled(index, spec.request_id, when)
                     if report is not None:
                         report(settled, total, when)
-                elif loads is not None:
-                    loads.changed(index)
+                else:
+                    dispatcher.changed(index)
                 continue
             if not active or clock >= cutoff:
                 break
@@ -279,12 +264,10 @@ class Simulation:
                 for record in records[seen[index] :]:
                     finished = clock if record.finish_s is None else record.finish_s
                     arrivals.settled(record.request_id, finished)
-                    if self.router is not None:
-                        self.router.settled(index, record.request_id, finished)
+                    dispatcher.settled(index, record.request_id, finished)
                     settled += 1
                 seen[index] = len(records)
-                if loads is not None:
-                    loads.changed(index)
+                dispatcher.changed(index)
             if speedup > 0:
                 await _sleep_until(start + clock / speedup)
             if report is not None:
@@ -298,52 +281,6 @@ class Simulation:
                 await engine.abort(request.request_id)
                 self.unfinished += 1
         self.unstarted = self.arrivals.unsent()
-
-    def _choose(self, spec: RequestSpec, when: float, loads: _LoadHeap | None) -> int:
-        """The engine ``spec`` goes to: the router's, else least-loaded or round-robin."""
-        if self.router is not None:
-            return self.router.choose(spec, when)
-        return self._round_robin() if loads is None else loads.lightest()
-
-    def _round_robin(self) -> int:
-        index = self._next_rank
-        self._next_rank = (index + 1) % len(self.engines)
-        return index
-
-
-class _LoadHeap:
-    """The engines by (outstanding requests, index): least-loaded dispatch in O(log n).
-
-    Lazy: a changed load pushes a fresh entry and the stale ones are dropped when they
-    surface, so every engine always has an entry holding its current load (`changed`
-    must be called after every change: an accepted submit, a step that finished one).
-    Rebuilt when stale entries outnumber the engines, so it stays O(engines) in size.
-    """
-
-    def __init__(self, engines: Sequence[MockEngine]) -> None:
-        self._engines = engines
-        self._heap: list[tuple[int, int]] = []
-        self._rebuild()
-
-    def lightest(self) -> int:
-        """The index of the engine with the fewest outstanding requests (lowest on ties)."""
-        heap = self._heap
-        engines = self._engines
-        while True:
-            load, index = heap[0]
-            if engines[index].num_outstanding == load:
-                return index
-            heapq.heappop(heap)
-
-    def changed(self, index: int) -> None:
-        """Engine ``index``'s load changed."""
-        heapq.heappush(self._heap, (self._engines[index].num_outstanding, index))
-        if len(self._heap) > 2 * len(self._engines) + 64:
-            self._rebuild()
-
-    def _rebuild(self) -> None:
-        self._heap = [(engine.num_outstanding, i) for i, engine in enumerate(self._engines)]
-        heapq.heapify(self._heap)
 
 
 async def _sleep_until(deadline: float) -> None:
