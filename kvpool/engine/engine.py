@@ -120,12 +120,31 @@ _CONTEXT_FREE_TIMING = (TimingModel, DynamoTiming)
 (they read no ``context_tokens``): `MockEngine.fast_forward` asks them once."""
 
 
+class RequestOutput(msgspec.Struct, frozen=True):
+    """What one step did for one scheduled request, as vLLM's ``EngineCoreOutput`` says it.
+
+    ``num_computed_tokens`` is the tokens computed for it in the step; ``new_token_ids``
+    the token it sampled (none for a prefill chunk or a recomputation that did not reach
+    its end); ``num_cached_tokens`` the prompt tokens its admission reused from the
+    prefix cache, set only in the step that admitted it (None in the others);
+    ``finish_reason`` is ``"length"`` in the step that sampled its last token (the mock
+    engine has no stop token), None before.
+    """
+
+    request_id: str
+    num_computed_tokens: int
+    new_token_ids: list[int]
+    num_cached_tokens: int | None
+    finish_reason: str | None
+
+
 class StepResult(msgspec.Struct, frozen=True):
     """One step: the clock after it, its duration, and what happened to which request.
 
     ``scheduled`` maps request ids to the tokens computed for them (in schedule order);
     ``preempted`` lists this step's victims in preemption order; ``finished`` the
-    requests that produced their last token. (A msgspec Struct: one per step, cheap to
+    requests that produced their last token; ``outputs`` one `RequestOutput` per
+    scheduled request, in schedule order. (A msgspec Struct: one per step, cheap to
     build.)
     """
 
@@ -134,6 +153,7 @@ class StepResult(msgspec.Struct, frozen=True):
     scheduled: dict[str, int]
     preempted: list[str]
     finished: list[str]
+    outputs: list[RequestOutput]
 
 
 class MockEngine:
@@ -177,6 +197,9 @@ class MockEngine:
         self.stats = EngineStats()
         self.rejected_ids: list[str] = []
         self._preempted: list[str] = []
+        # this step's admissions: request id -> the prompt tokens it reused (its output's
+        # ``num_cached_tokens``); reset by `schedule_step`
+        self._admitted: dict[str, int] = {}
         # The pool's active blocks as of now, kept within a step from the allocations'
         # exact effect (fresh blocks, plus inactive cached blocks a first allocation
         # pins) and re-read after every step; -1 until the first step reads it. A
@@ -303,6 +326,7 @@ class MockEngine:
         if not self.has_work:
             raise RuntimeError("step() of an idle engine")
         self._preempted = []
+        self._admitted = {}
         self._step_events = []
         if self._num_active < 0:
             self._num_active = (await self.kv.usage()).num_active
@@ -325,13 +349,30 @@ class MockEngine:
         """The second half of `step`: run the step `schedule_step` returned for
         ``duration_s`` (default: its own `step_duration`; a lockstep rank waits for the
         slowest, so it passes that one's) and return what it did."""
+        sampled_before = [request.num_output for request in scheduled]
         duration, finished = await self._execute(scheduled, duration_s)
+        admitted = self._admitted
+        outputs = []
+        for (request, num_new), before in zip(scheduled.items(), sampled_before, strict=True):
+            request_id = request.request_id
+            # at most one token a step: the one a request that computed all its tokens samples
+            sampled = request.num_output != before
+            outputs.append(
+                RequestOutput(
+                    request_id,
+                    num_new,
+                    [request.spec.output.token(before)] if sampled else [],
+                    admitted.get(request_id),
+                    "length" if request.finish_s is not None else None,
+                )
+            )
         return StepResult(
             clock=self.clock,
             duration_s=duration,
             scheduled={request.request_id: n for request, n in scheduled.items()},
             preempted=self._preempted,
             finished=finished,
+            outputs=outputs,
         )
 
     async def fast_forward(self, until: float = math.inf, *, cross_boundaries: bool = True) -> int:
@@ -652,6 +693,7 @@ class MockEngine:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = self.clock  # the step's start
             request.cached_tokens += cached  # summed over admissions (RequestRecord)
+            self._admitted[request.request_id] = cached
             self._num_active += fresh + inactive_cached
             request.num_blocks = len(allocation.block_ids)
             request.num_computed = cached
