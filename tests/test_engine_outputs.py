@@ -48,6 +48,7 @@ async def test_outputs_add_up_to_each_requests_tokens_and_record(chunk: int) -> 
     for request in requests:
         rid = request.request_id
         assert tokens[rid] == request.output.tokens()
-        assert reasons[rid][-1] == "length" and reasons[rid].count("length") == 1
+        assert reasons[rid][-1] == "length"
+        assert reasons[rid].count("length") == 1
         assert cached[rid] == records[rid].cached_tokens  # summed over admissions
     assert sum(cached.values()) > 0  # the shared prefix was reused

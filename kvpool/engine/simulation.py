@@ -31,9 +31,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import pairwise
 
-import anyio
-
 from kvpool.engine.arrivals import Arrivals
+from kvpool.engine.clock import WallPacer
 from kvpool.engine.dispatch import Dispatch, RoutedDispatch, bind, make_policy
 from kvpool.engine.engine import MockEngine
 from kvpool.errors import InvalidArgumentError
@@ -123,11 +122,11 @@ class Simulation:
         stops it between two engine calls; the engines keep their partial state.
         """
         if self.lockstep:
-            start = time.perf_counter()
-            await self._run_lockstep(start)
+            pacer = WallPacer(self.speedup_ratio)
+            await self._run_lockstep(pacer)
             if self.max_sim_time_s is not None:
                 await self._cut()
-            self.wall_s = time.perf_counter() - start
+            self.wall_s = time.perf_counter() - pacer.start_s
             return self.wall_s
         engines = self.engines
         arrivals = self.arrivals
@@ -148,13 +147,13 @@ class Simulation:
         for _, _, index in busy:
             queued[index] = True
         dispatcher = self.dispatcher
-        start = time.perf_counter()
+        pacer = WallPacer(speedup)  # simulated 0 is now
         while True:
             when = arrivals.peek()
             if when is not None and when < cutoff and (not busy or when <= busy[0][0]):
                 spec, when = arrivals.pop()
                 if speedup > 0:
-                    await _sleep_until(start + when / speedup)
+                    await pacer.sleep_until(when)
                 index = dispatcher.choose(spec, when)
                 engine = engines[index]
                 engine.advance_to(when)
@@ -203,15 +202,15 @@ class Simulation:
             else:
                 queued[index] = False
             if speedup > 0:
-                await _sleep_until(start + engine.clock / speedup)
+                await pacer.sleep_until(engine.clock)
             if report is not None:
                 report(settled, total, engine.clock)
         if self.max_sim_time_s is not None:
             await self._cut()
-        self.wall_s = time.perf_counter() - start
+        self.wall_s = time.perf_counter() - pacer.start_s
         return self.wall_s
 
-    async def _run_lockstep(self, start: float) -> None:
+    async def _run_lockstep(self, pacer: WallPacer) -> None:
         """`run` with the engines in lockstep (see the class docstring)."""
         engines = self.engines
         arrivals = self.arrivals
@@ -235,7 +234,7 @@ class Simulation:
                     for engine in engines:
                         engine.advance_to(clock)
                 if speedup > 0:
-                    await _sleep_until(start + when / speedup)
+                    await pacer.sleep_until(when)
                 index = dispatcher.choose(spec, when)
                 if not await engines[index].submit(spec, when):
                     settled += 1
@@ -269,7 +268,7 @@ class Simulation:
                 seen[index] = len(records)
                 dispatcher.changed(index)
             if speedup > 0:
-                await _sleep_until(start + clock / speedup)
+                await pacer.sleep_until(clock)
             if report is not None:
                 report(settled, total, clock)
 
@@ -281,9 +280,3 @@ class Simulation:
                 await engine.abort(request.request_id)
                 self.unfinished += 1
         self.unstarted = self.arrivals.unsent()
-
-
-async def _sleep_until(deadline: float) -> None:
-    delay = deadline - time.perf_counter()
-    if delay > 0:
-        await anyio.sleep(delay)

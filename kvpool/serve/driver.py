@@ -38,6 +38,7 @@ from anyio.abc import TaskStatus
 from kvpool.actors.slots import SlotKind, current_slots
 from kvpool.engine import EngineConfig, MockEngine, StepResult, open_actor_kv
 from kvpool.engine.admission import rejection_reason
+from kvpool.engine.clock import WallPacer
 from kvpool.events import EventSink
 from kvpool.serve.metrics import RankMetrics, ServeMetrics
 from kvpool.serve.outbox import Outbox
@@ -131,14 +132,12 @@ class EngineDriver:
         self.metrics = metrics
         self._metrics: RankMetrics | None = None if metrics is None else metrics.rank(rank)
         self.outstanding = 0
-        self.worst_lag_s = 0.0
-        self.lag_counts: Counter[int] = Counter()  # paced steps by lateness in ms (bounded)
+        self.pacer = WallPacer(speedup_ratio)  # its lag counts: paced steps by lateness
         self.leaked_blocks: int | None = None  # set when the task ends
         self.shutdown_aborted = 0  # requests dropped by `abort_all`
         self.engine: MockEngine | None = None
         self._send, self._receive = anyio.create_memory_object_stream[_Message](math.inf)
         self._live: dict[str, _Live] = {}
-        self._start = 0.0
         self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
         self._slots: SlotKind | None = None  # the loop's wake-up path, for the outboxes
         self._stopped: set[str] = set()  # requests their clients stopped (`stop`)
@@ -202,7 +201,7 @@ class EngineDriver:
         # names them (run keys are for simulations, whose hashes never leave them).
         async with open_actor_kv(self.config, self.rank, run_keys=False) as kv:
             engine = MockEngine(kv, self.config, rank=self.rank, sink=self.sink)
-            self._start = time.perf_counter()
+            self.pacer.start()
             engine.epoch = time.time()
             if self.speedup_ratio > 0:  # paced: ts is the wall-clock time a step ends
                 engine.ts_scale = 1 / self.speedup_ratio
@@ -258,7 +257,7 @@ class EngineDriver:
             return
         spec, reply = message.spec, message.reply
         paced = self.speedup_ratio > 0
-        now = (message.sent_at - self._start) * self.speedup_ratio if paced else None
+        now = self.pacer.now(message.sent_at) if paced else None
         if now is not None:
             engine.advance_to(now)  # an idle engine's clock catches up with the wall
         arrival = engine.clock if now is None else min(now, engine.clock)  # as submit's
@@ -294,14 +293,17 @@ class EngineDriver:
         if self.speedup_ratio == 0:
             await anyio.lowlevel.checkpoint()  # let the handlers run between steps
             return
-        deadline = self._start + clock / self.speedup_ratio
-        delay = deadline - time.perf_counter()
-        if delay > 0:
-            await anyio.sleep(delay)
-        lag = time.perf_counter() - deadline
-        self.lag_counts[max(0, math.ceil(lag * 1000))] += 1
-        if lag > self.worst_lag_s:
-            self.worst_lag_s = lag
+        await self.pacer.pace(clock)
+
+    @property
+    def worst_lag_s(self) -> float:
+        """The latest (wall seconds) a paced step's tokens were sent past its end."""
+        return self.pacer.worst_lag_s
+
+    @property
+    def lag_counts(self) -> Counter[int]:
+        """Paced steps by lateness in whole milliseconds, rounded up (0: on time)."""
+        return self.pacer.lag_counts
 
     async def _deliver(self, engine: MockEngine, result: StepResult) -> None:
         """Send each scheduled request the tokens it sampled in this step (its
