@@ -113,6 +113,8 @@ class Simulation:
         self.wall_s = 0.0
         self.unfinished = 0
         self.unstarted = 0
+        # each engine's records already passed to `arrivals.settled` (set by `run`)
+        self._seen: list[int] = []
 
     async def run(self) -> float:
         """Dispatch and step until every request has finished or been rejected (or the
@@ -136,8 +138,7 @@ class Simulation:
         fast_forward = self.fast_forward
         cutoff = math.inf if self.max_sim_time_s is None else self.max_sim_time_s
         settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
-        # each engine's records already passed to `arrivals.settled`
-        seen = [len(engine.stats.requests) for engine in engines]
+        self._seen = [len(engine.stats.requests) for engine in engines]
         # (clock, rank, index) of each busy engine, earliest first. A busy engine's clock
         # moves only when it steps (advance_to leaves it alone), and it is off the heap
         # while it steps, so every key on the heap is its engine's current clock.
@@ -146,7 +147,6 @@ class Simulation:
         queued = [False] * len(engines)  # on the heap (busy)
         for _, _, index in busy:
             queued[index] = True
-        dispatcher = self.dispatcher
         pacer = WallPacer(speedup)  # simulated 0 is now
         while True:
             when = arrivals.peek()
@@ -154,21 +154,16 @@ class Simulation:
                 spec, when = arrivals.pop()
                 if speedup > 0:
                     await pacer.sleep_until(when)
-                index = dispatcher.choose(spec, when)
-                engine = engines[index]
-                engine.advance_to(when)
-                if not await engine.submit(spec, when):
+                given = await self._submit(spec, when)
+                if given is None:
                     settled += 1
-                    seen[index] += 1  # its rejection record
-                    arrivals.settled(spec.request_id, when)
-                    dispatcher.settled(index, spec.request_id, when)
                     if report is not None:
                         report(settled, total, when)
                     continue
-                dispatcher.changed(index)
-                if not queued[index]:
-                    heapq.heappush(busy, (engine.clock, engine.rank, index))
-                    queued[index] = True
+                if not queued[given]:
+                    engine = engines[given]
+                    heapq.heappush(busy, (engine.clock, engine.rank, given))
+                    queued[given] = True
                 continue
             if not busy or busy[0][0] >= cutoff:
                 break
@@ -190,13 +185,7 @@ class Simulation:
                 await engine.step()
             if engine.stats.completed != completed:
                 settled += engine.stats.completed - completed
-                dispatcher.changed(index)
-                records = engine.stats.requests
-                for record in records[seen[index] :]:
-                    finished = engine.clock if record.finish_s is None else record.finish_s
-                    arrivals.settled(record.request_id, finished)
-                    dispatcher.settled(index, record.request_id, finished)
-                seen[index] = len(records)
+                self._settle(index, engine.clock)
             if engine.has_work:
                 heapq.heappush(busy, (engine.clock, engine.rank, index))
             else:
@@ -219,8 +208,7 @@ class Simulation:
         speedup = self.speedup_ratio
         cutoff = math.inf if self.max_sim_time_s is None else self.max_sim_time_s
         settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
-        seen = [len(engine.stats.requests) for engine in engines]
-        dispatcher = self.dispatcher
+        seen = self._seen = [len(engine.stats.requests) for engine in engines]
         clock = max(engine.clock for engine in engines)
         for engine in engines:
             engine.advance_to(clock)
@@ -235,16 +223,10 @@ class Simulation:
                         engine.advance_to(clock)
                 if speedup > 0:
                     await pacer.sleep_until(when)
-                index = dispatcher.choose(spec, when)
-                if not await engines[index].submit(spec, when):
+                if await self._submit(spec, when) is None:
                     settled += 1
-                    seen[index] += 1  # its rejection record
-                    arrivals.settled(spec.request_id, when)
-                    dispatcher.settled(index, spec.request_id, when)
                     if report is not None:
                         report(settled, total, when)
-                else:
-                    dispatcher.changed(index)
                 continue
             if not active or clock >= cutoff:
                 break
@@ -257,20 +239,44 @@ class Simulation:
             clock = active[0].clock  # the same float on every rank: clock + duration
             for index, engine in enumerate(engines):
                 engine.advance_to(clock)  # an idle rank ran a dummy step
-                records = engine.stats.requests
-                if len(records) == seen[index]:
-                    continue
-                for record in records[seen[index] :]:
-                    finished = clock if record.finish_s is None else record.finish_s
-                    arrivals.settled(record.request_id, finished)
-                    dispatcher.settled(index, record.request_id, finished)
-                    settled += 1
-                seen[index] = len(records)
-                dispatcher.changed(index)
+                if len(engine.stats.requests) != seen[index]:
+                    settled += self._settle(index, clock)
             if speedup > 0:
                 await pacer.sleep_until(clock)
             if report is not None:
                 report(settled, total, clock)
+
+    async def _submit(self, spec: RequestSpec, when: float) -> int | None:
+        """Send ``spec``, arriving at ``when``, to the engine the dispatcher chooses (an
+        idle one's clock jumps to ``when``); return its index, or None if the engine
+        rejected it (then settled: the arrivals and the dispatcher are told)."""
+        dispatcher = self.dispatcher
+        index = dispatcher.choose(spec, when)
+        engine = self.engines[index]
+        engine.advance_to(when)
+        if not await engine.submit(spec, when):
+            self._seen[index] += 1  # its rejection record
+            self.arrivals.settled(spec.request_id, when)
+            dispatcher.settled(index, spec.request_id, when)
+            return None
+        dispatcher.changed(index)
+        return index
+
+    def _settle(self, index: int, clock: float) -> int:
+        """Tell the arrivals and the dispatcher of engine ``index``'s requests that
+        finished since it was last asked (at their finish time; ``clock`` for a record
+        without one); return how many."""
+        dispatcher = self.dispatcher
+        arrivals = self.arrivals
+        dispatcher.changed(index)
+        records = self.engines[index].stats.requests
+        seen = self._seen[index]
+        for record in records[seen:]:
+            finished = clock if record.finish_s is None else record.finish_s
+            arrivals.settled(record.request_id, finished)
+            dispatcher.settled(index, record.request_id, finished)
+        self._seen[index] = len(records)
+        return len(records) - seen
 
     async def _cut(self) -> None:
         """The clock reached ``max_sim_time_s``: abort what is in flight, count what
