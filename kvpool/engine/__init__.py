@@ -12,7 +12,7 @@ goodput to the report.
 from kvpool.engine.arrivals import Arrivals
 from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
 from kvpool.engine.dispatch import Dispatch, Dispatcher, LeastLoaded, RoundRobin, make_policy
-from kvpool.engine.engine import MockEngine, StepResult
+from kvpool.engine.engine import MockEngine, RequestOutput, StepResult
 from kvpool.engine.goodput import Goodput, Sla
 from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
 from kvpool.engine.metrics import EngineStats
@@ -66,6 +66,7 @@ __all__ = [
     "ProfileDataError",
     "ProfileTiming",
     "Report",
+    "RequestOutput",
     "RoundRobin",
     "RequestRecord",
     "Simulation",
