@@ -52,3 +52,19 @@ async def test_outputs_add_up_to_each_requests_tokens_and_record(chunk: int) -> 
         assert reasons[rid].count("length") == 1
         assert cached[rid] == records[rid].cached_tokens  # summed over admissions
     assert sum(cached.values()) > 0  # the shared prefix was reused
+
+
+async def test_an_engine_without_step_outputs_steps_the_same_and_builds_none() -> None:
+    config = EngineConfig(num_gpu_blocks=12, block_size=16, max_num_batched_tokens=16)
+    results = []
+    for with_outputs in (True, False):
+        engine = MockEngine(LocalKvClient.create(12, 16), config, step_outputs=with_outputs)
+        for request in [spec(f"r{i}", 32, 8, 12) for i in range(3)]:
+            assert await engine.submit(request)
+        steps = []
+        while engine.has_work:
+            result = await engine.step()
+            assert bool(result.outputs) == with_outputs
+            steps.append((result.clock, result.scheduled, result.preempted, result.finished))
+        results.append(steps)
+    assert results[0] == results[1]

@@ -144,8 +144,8 @@ class StepResult(msgspec.Struct, frozen=True):
     ``scheduled`` maps request ids to the tokens computed for them (in schedule order);
     ``preempted`` lists this step's victims in preemption order; ``finished`` the
     requests that produced their last token; ``outputs`` one `RequestOutput` per
-    scheduled request, in schedule order. (A msgspec Struct: one per step, cheap to
-    build.)
+    scheduled request, in schedule order (empty when the engine's ``step_outputs`` is
+    off). (A msgspec Struct: one per step, cheap to build.)
     """
 
     clock: float
@@ -175,6 +175,7 @@ class MockEngine:
         rank: int = 0,
         sink: EventSink | None = None,
         epoch: float = 0.0,
+        step_outputs: bool = True,
     ) -> None:
         if sink is not None and not config.enable_kv_cache_events:
             raise InvalidArgumentError(
@@ -190,6 +191,9 @@ class MockEngine:
         self.rank = rank
         self.sink = sink
         self.epoch = epoch
+        # whether `execute_step` builds `StepResult.outputs` (one object per scheduled
+        # request a step: a simulation that reads only the stats turns it off)
+        self.step_outputs = step_outputs
         self.ts_scale = 1.0
         self.clock = 0.0
         self.waiting: deque[EngineRequest] = deque()
@@ -349,6 +353,16 @@ class MockEngine:
         """The second half of `step`: run the step `schedule_step` returned for
         ``duration_s`` (default: its own `step_duration`; a lockstep rank waits for the
         slowest, so it passes that one's) and return what it did."""
+        if not self.step_outputs:
+            duration, finished = await self._execute(scheduled, duration_s)
+            return StepResult(
+                clock=self.clock,
+                duration_s=duration,
+                scheduled={request.request_id: n for request, n in scheduled.items()},
+                preempted=self._preempted,
+                finished=finished,
+                outputs=[],
+            )
         sampled_before = [request.num_output for request in scheduled]
         duration, finished = await self._execute(scheduled, duration_s)
         admitted = self._admitted
