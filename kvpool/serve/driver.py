@@ -300,6 +300,10 @@ class EngineDriver:
         """The latest (wall seconds) a paced step's tokens were sent past its end."""
         return self.pacer.worst_lag_s
 
+    @worst_lag_s.setter
+    def worst_lag_s(self, value: float) -> None:  # a sampler resets it between reads
+        self.pacer.worst_lag_s = value
+
     @property
     def lag_counts(self) -> Counter[int]:
         """Paced steps by lateness in whole milliseconds, rounded up (0: on time)."""
