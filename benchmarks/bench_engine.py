@@ -9,7 +9,7 @@ Reproduce the figures (from the repository root, the pool core compiled as
     python benchmarks/bench_engine.py --multiturn synth.jsonl    # that trace only
 
 **Embedded default** (always run). For each KV backend (``local``: a `KvManager` called
-inline; ``actor``: the manager behind the pool actor, one actor per worker) it runs
+inline; ``actor``: the manager behind the manager actor, one actor per worker) it runs
 `kvpool simulate`'s embedded default workload with the CLI's default flags and prints,
 best of ``--repeat`` runs:
 
@@ -129,14 +129,15 @@ class ActorTurnTimer:
         original = Actor.__init__
         timed = self._timed
 
-        def init(actor: Any, handlers: Any, slots: Any) -> None:
+        def init(actor: Any, handlers: Any, slots: Any, *identity: Any) -> None:
             original(
                 actor,
                 {
-                    kind: Handler(timed(h.handle), h.undo, h.gives_back, h.waits)
+                    kind: Handler(timed(h.handle), h.undo, h.gives_back, h.waits, h.ordered)
                     for kind, h in handlers.items()
                 },
                 slots,
+                *identity,
             )
 
         self._original = original
@@ -163,7 +164,7 @@ def run_once(
     requests: list[RequestSpec], workers: int, factory: KvFactory
 ) -> tuple[SimulationRun, float, float, float]:
     """One simulation: the run, its wall seconds, seconds spent awaiting KV calls, and
-    seconds the pool actors spent in their turns (0 without actors)."""
+    seconds the manager actors spent in their turns (0 without actors)."""
     timers: list[TimedKvClient] = []
 
     def wrap(kv: KvClient) -> KvClient:

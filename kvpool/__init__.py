@@ -10,10 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvpool.errors import (
+    ActorClosedError,
+    ActorCrashedError,
     AlreadyCachedError,
     BlockError,
     BlockNotReferencedError,
     BlockSharedError,
+    CannotWaitError,
     CapacityError,
     DuplicateRequestError,
     ForeignReservationError,
@@ -21,6 +24,8 @@ from kvpool.errors import (
     InvalidHashError,
     InvariantViolationError,
     KvpoolError,
+    ManagerClosedError,
+    ManagerCrashedError,
     PoolClosedError,
     PoolCrashedError,
     PoolError,
@@ -59,12 +64,15 @@ __getattr__ = lazy_attributes(
 
 __all__ = [
     "Admission",
+    "ActorClosedError",
+    "ActorCrashedError",
     "AlreadyCachedError",
     "BlockError",
     "BlockId",
     "BlockNotReferencedError",
     "BlockPool",
     "BlockSharedError",
+    "CannotWaitError",
     "CapacityError",
     "DuplicateRequestError",
     "ForeignReservationError",
@@ -73,6 +81,8 @@ __all__ = [
     "InvariantViolationError",
     "KvManager",
     "KvpoolError",
+    "ManagerClosedError",
+    "ManagerCrashedError",
     "Lease",
     "ManagerClient",
     "PoolClient",

@@ -6,7 +6,7 @@ validates before it mutates and raises a `PoolError` subclass instead, so the st
 (pool, manager, actor) is exactly as it was. Anything else raised inside an actor's
 handler is a bug and crashes the actor (`kvpool.actors`): `InvariantViolationError`
 (the state broke one of its named invariants) or any non-kvpool exception. The
-remaining classes report something other than a refused call: `PoolCrashedError` (the
+remaining classes report something other than a refused call: `ActorCrashedError` (an
 actor died of such a bug) and `TraceError` (a malformed workload file).
 """
 
@@ -82,12 +82,36 @@ class InvariantViolationError(KvpoolError):
     """
 
 
-class PoolClosedError(PoolError):
-    """The pool actor has shut down; the call was not performed."""
+class ActorClosedError(PoolError):
+    """An actor has shut down; the call was not performed. Its message names the actor
+    (the pool's, the manager's); each actor raises its own subclass."""
 
 
-class PoolCrashedError(KvpoolError):
-    """The pool actor died of a bug in a handler; ``__cause__`` holds that error."""
+class ActorCrashedError(KvpoolError):
+    """An actor died of a bug in a handler; ``__cause__`` holds that error. Its message
+    names the actor; each actor raises its own subclass."""
+
+
+class PoolClosedError(ActorClosedError):
+    """The pool actor (`kvpool.actors.open_pool`) has shut down."""
+
+
+class PoolCrashedError(ActorCrashedError):
+    """The pool actor died of a bug in a handler."""
+
+
+class ManagerClosedError(ActorClosedError):
+    """The manager actor (`kvpool.manager.open_manager`) has shut down."""
+
+
+class ManagerCrashedError(ActorCrashedError):
+    """The manager actor died of a bug in a handler."""
+
+
+class CannotWaitError(PoolError):
+    """A waiting call (``allocate(wait=True)``) did not fit on an inline client: no
+    other task can give blocks back while the caller's own task runs the call, so it
+    is refused (nothing changed) instead of waiting forever. Wait through an actor."""
 
 
 class WrongLoopError(PoolError, RuntimeError):

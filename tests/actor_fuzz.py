@@ -9,7 +9,7 @@ call), or by a crash (a task sends a message whose handler has a bug). After eac
 - no hang (a generous guard), every task finished;
 - the pool's invariants hold; a clean run leaks nothing (no block referenced, no unit
   reserved, no reservation handle, no request left, no waiter);
-- a crash run raised `PoolCrashedError` (its cause the bug) from the block;
+- a crash run raised `ActorCrashedError` (its cause the bug) from the block;
 - no warning at all (an unclosed stream, a coroutine never awaited);
 - manager runs: every event reached exactly one reader, and read in the order replies
   went out (plus a final drain) they describe exactly what is resident.
@@ -35,11 +35,11 @@ import msgspec
 import sniffio
 
 from kvpool.actors import Handler, PoolClient, PoolState, open_actor, open_pool
-from kvpool.errors import PoolClosedError, PoolCrashedError, PoolError
+from kvpool.errors import ActorClosedError, ActorCrashedError, PoolError
 from kvpool.events import BlockRemoved, BlockStored, KVEvent
 from kvpool.manager import KvManager, ManagerClient, SlotRequest, StepUpdate
-from kvpool.manager.handlers import ManagerHandlers
-from kvpool.manager.messages import AllocateSteps, FinishStep, TakeEvents
+from kvpool.manager.messages import AllocateSteps, FinishStep, TakeBatch, TakeEvents
+from kvpool.manager.operations import ManagerState
 from kvpool.pool import BlockPool
 
 T = TypeVar("T")
@@ -94,7 +94,7 @@ class Caller:
         self.counts.calls[f"{name} / {mode}"] += 1
         try:
             done, reply = await self._in_mode(mode, call)
-        except (PoolClosedError, PoolCrashedError) as exc:
+        except (ActorClosedError, ActorCrashedError) as exc:
             self.counts.outcomes[type(exc).__name__] += 1
             raise _Stop from exc
         except PoolError as exc:
@@ -165,7 +165,7 @@ class PoolTask:
                 if self.crash and self.rng.random() < 0.2:
                     await self.call("crash", lambda: self.pool.call(Bomb()))
                 await self.rng.choice(ops)()
-        except (_Stop, PoolClosedError, PoolCrashedError):
+        except (_Stop, ActorClosedError, ActorCrashedError):
             pass  # the pool is gone (a lease's or a reservation's entry raises it as is)
 
     async def give_back(self, name: str, call: Callable[[], Awaitable[Any]]) -> None:
@@ -305,7 +305,7 @@ async def pool_run(seed: int, tasks: int = 32, capacity: int = 24) -> Counts:
                                     await anyio.lowlevel.checkpoint()
                         if ending != "close":
                             await _check_pool_clean(pool, states[0])
-                except PoolCrashedError as exc:
+                except ActorCrashedError as exc:
                     raised = exc
         del pool
         gc.collect()
@@ -348,7 +348,7 @@ class EventLog:
 
 def _logged_table(manager: KvManager, log: EventLog) -> dict[type, Handler[Any, Any]]:
     """The manager's handlers, with every ordered reply's events logged as handed out."""
-    table = ManagerHandlers(manager).table()
+    table = ManagerState(manager).table()
 
     def logging(kind: type, pieces: Callable[[Any], list[list[KVEvent]]]) -> None:
         handler = table[kind]
@@ -362,6 +362,7 @@ def _logged_table(manager: KvManager, log: EventLog) -> dict[type, Handler[Any, 
         table[kind] = Handler(handle, handler.undo, handler.gives_back, handler.waits, True)
 
     logging(TakeEvents, lambda reply: [reply.events])
+    logging(TakeBatch, lambda reply: [] if reply.batch is None else [reply.batch.events])
     logging(FinishStep, lambda reply: [reply.events])
     logging(AllocateSteps, lambda reply: [step.events for step in reply.steps])
     table[Bomb] = Handler(_bomb)
@@ -392,7 +393,7 @@ class ManagerTask:
                     await self.call("crash", lambda: self.kv._call(Bomb()))
                 await self.request(f"{self.name}-{k}")
                 await self.drain_or_query()
-        except (_Stop, PoolClosedError, PoolCrashedError):
+        except (_Stop, ActorClosedError, ActorCrashedError):
             pass
 
     async def request(self, rid: str) -> None:
@@ -490,7 +491,7 @@ async def manager_run(seed: int, tasks: int = 16, capacity: int = 24) -> Counts:
                             usage = await kv.usage()
                             assert (usage.num_active, len(manager)) == (0, 0), usage
                             await kv.check_invariants()
-                except PoolCrashedError as exc:
+                except ActorCrashedError as exc:
                     raised = exc
         del kv
         gc.collect()

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import uvloop
 
-from kvpool.actors import Actor, Handler, PoolClient, PoolState, open_pool
+from kvpool.actors import POOL_ACTOR, Actor, Handler, PoolClient, PoolState, open_pool
 from kvpool.actors.slots import current_slots
 from kvpool.errors import (
     InvariantViolationError,
@@ -391,7 +391,7 @@ def _num_queued(actor: Actor) -> int:
 @pytest.mark.anyio
 async def test_close_handles_everything_already_queued_then_fails_waiters() -> None:
     state = PoolState(BlockPool(4))
-    actor = Actor(state.handlers(), current_slots())  # not started: calls stay queued
+    actor = Actor(state.table(), current_slots(), POOL_ACTOR)  # not started: calls stay queued
     state.count_waiters = lambda: actor.num_waiters
     hold = state.admit(Admit([], 4)).admission
     assert hold is not None

@@ -30,7 +30,7 @@ from kvpool.actors import Handler, PoolClient, PoolState, Status, open_actor, op
 from kvpool.errors import PoolCrashedError, WrongLoopError
 from kvpool.events import BlockRemoved, BlockStored, KVEvent
 from kvpool.manager import KvManager, ManagerClient, StepUpdate, open_manager
-from kvpool.manager.handlers import ManagerHandlers
+from kvpool.manager.operations import ManagerState
 from kvpool.pool import BlockPool
 
 pytestmark = pytest.mark.anyio
@@ -206,7 +206,7 @@ async def test_two_drainers_see_the_events_in_the_order_they_were_made(drain: st
     later drain) ahead of the eviction, never after it."""
     manager = KvManager(BlockPool(4), BS)
     tasks: dict[str, asyncio.Task[Any]] = {}
-    async with open_actor(_with_cancel(ManagerHandlers(manager).table(), tasks)) as actor:
+    async with open_actor(_with_cancel(ManagerState(manager).table(), tasks)) as actor:
         kv = ManagerClient(actor, 4, BS)
         await kv.add_request("old", list(range(8)))
         assert await kv.allocate("old", 8, cache=True) is not None  # Stored(old's 2)
@@ -452,7 +452,7 @@ async def test_an_unread_reply_is_undone_with_the_lru_order_kept(call: str) -> N
 async def test_an_unread_manager_allocation_is_undone_with_the_lru_order_kept() -> None:
     manager = KvManager(BlockPool(8), BS)
     tasks: dict[str, asyncio.Task[Any]] = {}
-    async with open_actor(_with_cancel(ManagerHandlers(manager).table(), tasks)) as actor:
+    async with open_actor(_with_cancel(ManagerState(manager).table(), tasks)) as actor:
         kv = ManagerClient(actor, 8, BS)
         hashes: dict[str, list[int]] = {}
         for rid, prompt in [("x", list(range(12))), ("y", list(range(50, 54)))]:

@@ -11,7 +11,7 @@ import pytest
 import uvloop
 
 from kvpool.actors import WAIT, Handler, PoolState, Wait, open_actor, open_pool
-from kvpool.errors import CapacityError, InvalidArgumentError, PoolClosedError
+from kvpool.errors import ActorClosedError, CapacityError, InvalidArgumentError
 from kvpool.messages import GetStats
 
 
@@ -169,5 +169,5 @@ async def test_open_actor_serves_any_state_with_fifo_waiters() -> None:
         await actor.call(Give(3))
         assert semaphore.free == 3
         assert actor.num_waiters == 0
-    with pytest.raises(PoolClosedError):
+    with pytest.raises(ActorClosedError):
         await actor.call(Give(1))

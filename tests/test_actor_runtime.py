@@ -20,7 +20,7 @@ import pytest
 import sniffio
 import uvloop
 
-from kvpool.actors import Actor, Handler, PoolClient, PoolState, open_actor, open_pool
+from kvpool.actors import POOL_ACTOR, Actor, Handler, PoolClient, PoolState, open_actor, open_pool
 from kvpool.actors import slots as slots_module
 from kvpool.actors.slots import current_slots
 from kvpool.errors import (
@@ -255,6 +255,40 @@ async def _drive_a_manager(kv: Any, actor: Actor) -> None:
 
 
 # ------------------------------------------------- the asyncio fast cancel check
+
+
+def test_the_fast_trio_cancel_check_agrees_with_trio() -> None:
+    # The trio slot opener reads the task's private ``_cancel_status`` (what trio's own
+    # checkpoint_if_cancelled reads): it must agree with trio's public deadline answer.
+    import trio
+
+    async def scenario() -> None:
+        status = getattr(trio.lowlevel.current_task(), "_cancel_status", None)
+        assert status is not None, "the fast check is off here"
+        open_slot = slots_module.trio_slots().open
+
+        def agree() -> bool:
+            expected = trio.current_effective_deadline() == -math.inf
+            assert (open_slot(True) is None) is expected
+            return expected
+
+        assert agree() is False
+        with trio.CancelScope() as outer:
+            assert agree() is False
+            outer.cancel()
+            assert agree() is True
+            with trio.CancelScope(shield=True):
+                assert agree() is False
+                with trio.CancelScope() as nested:
+                    nested.cancel()
+                    assert agree() is True
+                assert agree() is False
+            assert agree() is True
+        assert agree() is False
+        with trio.CancelScope(deadline=-math.inf):  # a deadline already past
+            assert agree() is True
+
+    trio.run(scenario)
 
 
 @ASYNCIO_ONLY
@@ -536,8 +570,8 @@ def _queued(actor: Actor) -> int:
 @pytest.mark.anyio
 async def test_a_crash_fails_every_queued_call_and_waiter_with_its_cause() -> None:
     state = PoolState(BlockPool(4))
-    table = {**state.handlers(), **_bomb(state)}
-    actor = Actor(table, current_slots())  # started once everything is queued
+    table = {**state.table(), **_bomb(state)}
+    actor = Actor(table, current_slots(), POOL_ACTOR)  # started once everything is queued
     hold = state.admit(Admit([], 4)).admission  # type: ignore[union-attr]
     assert hold is not None
     outcomes: dict[str, Any] = {}

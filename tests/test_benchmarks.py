@@ -36,6 +36,7 @@ RUNS = {
         ],
     ),
     "events": (["bench_events.py"], ["tokens", "batches"]),
+    "event-identity": (["bench_event_identity.py", "--requests", "40"], ["digest"]),
     "fidelity": (
         ["bench_fidelity.py", "--multiturn", SAMPLE, "--timing", "polynomial"],
         ["preemptions", "hit tokens", "same TTFT", "target"],

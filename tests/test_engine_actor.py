@@ -6,7 +6,7 @@ import pytest
 
 from kvpool.engine import EngineConfig, MockEngine
 from kvpool.engine.runner import open_actor_kv, open_local_kv, run_simulation
-from kvpool.errors import PoolCrashedError, UnknownRequestError
+from kvpool.errors import ManagerCrashedError, UnknownRequestError
 from kvpool.events import EventCollector
 from kvpool.manager import ManagerClient, StepUpdate
 from kvpool.manager.messages import FinishStep
@@ -91,8 +91,8 @@ async def test_a_step_batch_failing_half_way_crashes_the_actor() -> None:
             # the second update (40 computed in a 1-block table) is refused by the
             # manager after the first was applied: no clean refusal is possible
             batch = [StepUpdate("r", [7], -1, False), StepUpdate("r", [], 40, False)]
-            with pytest.raises(PoolCrashedError):
+            with pytest.raises(ManagerCrashedError):
                 await kv.finish_step(batch)
 
-    with pytest.raises(PoolCrashedError):  # and leaving the actor's block reports the crash
+    with pytest.raises(ManagerCrashedError):  # and leaving the actor's block reports the crash
         await drive()

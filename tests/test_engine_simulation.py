@@ -14,7 +14,6 @@ from kvpool.engine import (
     Dispatch,
     EngineConfig,
     EngineStats,
-    KvUsage,
     LocalKvClient,
     MockEngine,
     Simulation,
@@ -25,6 +24,7 @@ from kvpool.engine.report import Distribution, worker_report
 from kvpool.engine.runner import open_local_kv, run_simulation
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventCollector
+from kvpool.manager import PoolUsage
 from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload, mix_seed
 
 pytestmark = pytest.mark.anyio
@@ -199,7 +199,7 @@ async def test_kv_usage_is_weighted_by_simulated_time_idle_stretches_included() 
 
 def test_a_worker_that_finished_early_is_idle_until_the_end_of_the_run() -> None:
     stats = EngineStats(sample_times=array("d", [1.0, 2.0]), usage=array("d", [0.5, 0.0]))
-    final = [KvUsage(0, 0, 64)]
+    final = [PoolUsage(0, 0, 64)]
     alone = worker_report(0, [stats], 2.0, final)
     assert alone.kv_usage.mean == pytest.approx(0.5)  # 0.5 from 1 s to 2 s, then the end
     in_a_longer_run = worker_report(0, [stats], 2.0, final, end=11.0)
@@ -259,7 +259,7 @@ async def test_tpot_and_itl_weigh_differently_as_vllm_defines_them() -> None:
         itl_counts=Counter(fast.engines[0].stats.itl_counts)
         + Counter(slow.engines[0].stats.itl_counts),
     )
-    report = worker_report(None, [stats], 1.0, [KvUsage(0, 0, 64)])
+    report = worker_report(None, [stats], 1.0, [PoolUsage(0, 0, 64)])
     assert report.tpot_s.mean == pytest.approx((0.01 + 0.05) / 2)
     assert report.itl_s.mean == pytest.approx((20 * 0.01 + 2 * 0.05) / 22)
 

@@ -15,15 +15,15 @@ from kvpool.errors import (
     CapacityError,
     DuplicateRequestError,
     InvalidArgumentError,
-    PoolClosedError,
+    ManagerClosedError,
     PoolError,
     TokenCountError,
     UnknownRequestError,
 )
 from kvpool.events import decode_batch, encode_batch
 from kvpool.manager import KvManager, ManagerClient, SlotRequest, open_manager
-from kvpool.manager.handlers import ManagerHandlers
 from kvpool.manager.messages import AddRequest, AllocateSlots, AllocateSteps, TakeEvents
+from kvpool.manager.operations import ManagerState
 from kvpool.pool import BlockPool
 
 BS = 4
@@ -131,10 +131,10 @@ async def test_misuse_through_the_actor_is_a_typed_error_and_the_actor_keeps_ser
 
 
 @pytest.mark.anyio
-async def test_calls_after_the_block_raise_pool_closed() -> None:
+async def test_calls_after_the_block_raise_manager_closed() -> None:
     async with open_manager(4, BS) as kv:
         pass
-    with pytest.raises(PoolClosedError):
+    with pytest.raises(ManagerClosedError):
         await kv.add_request("a", [1])
 
 
@@ -317,9 +317,9 @@ async def test_random_cancellation_is_all_or_nothing(seed: int) -> None:
 # ------------------------------------------------------- the undo handlers
 
 
-def _handlers() -> tuple[ManagerHandlers, KvManager]:
+def _handlers() -> tuple[ManagerState, KvManager]:
     manager = KvManager(BlockPool(8), BS)
-    return ManagerHandlers(manager), manager
+    return ManagerState(manager), manager
 
 
 def test_undoing_an_unread_allocation_gives_the_blocks_back() -> None:

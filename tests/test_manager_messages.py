@@ -7,7 +7,7 @@ from typing import get_args
 import msgspec
 import pytest
 
-from kvpool.events import BlockRemoved, BlockStored
+from kvpool.events import BlockRemoved, BlockStored, KVEventBatch
 from kvpool.manager import (
     Allocation,
     ManagerStats,
@@ -24,6 +24,7 @@ from kvpool.manager.messages import (
     AllocateSteps,
     AllocationReply,
     AppendTokens,
+    BatchReply,
     CheckManager,
     EventsReply,
     FinishStep,
@@ -38,6 +39,7 @@ from kvpool.manager.messages import (
     PreemptRequest,
     PrefillCostReply,
     StepsReply,
+    TakeBatch,
     TakeEvents,
     decode,
     encode,
@@ -60,6 +62,8 @@ MESSAGES: list[ManagerMessage] = [
     FreeRequest("r1"),
     PreemptRequest("r1"),
     TakeEvents(),
+    TakeBatch(),
+    TakeBatch(1.5, 0),
     GetManagerStats(),
     CheckManager(),
     AllocationReply(None),
@@ -72,7 +76,9 @@ MESSAGES: list[ManagerMessage] = [
             BlockStored(block_hashes=[9], parent_block_hash=None, token_ids=[1] * 4, block_size=4),
         ]
     ),
-    ManagerStatsReply(ManagerStats(2, 100, 48, 3, 1), 10, 4, 64),
+    ManagerStatsReply(ManagerStats(2, 100, 48, 3, 1), PoolUsage(10, 4, 64)),
+    BatchReply(None),
+    BatchReply(KVEventBatch(1.5, [BlockRemoved(block_hashes=[1])], 0)),
     StepsReply(
         [
             StepAllocations([Allocation([BlockId(5)], 0, [])], [], ManagerStats(2, 9, 4, 0, 0)),

@@ -16,8 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpool.engine import EngineConfig, LocalKvClient
-from kvpool.engine.kv_client import KvClient
+from kvpool.engine import EngineConfig, KvClient, LocalKvClient
 from kvpool.engine.runner import open_local_kv, run_simulation
 from kvpool.errors import InvalidArgumentError
 from kvpool.hashing import TOKEN_TYPECODE, BlockHasher, block_hashes

@@ -1,4 +1,8 @@
-"""The pool actor: one task owns a `BlockPool` and serves msgspec messages, atomically.
+"""The actors: one task owns a service's state and serves msgspec messages, atomically.
+
+The pool actor (`open_pool`) owns a `BlockPool`; the manager actor
+(`kvpool.manager.open_manager`) a `KvManager` and its pool; `open_actor` any state. Each
+service declares its message kinds once (`kvpool.actors.operation`).
 
 Any number of tasks on one event loop (asyncio, uvloop or trio) share a pool through the
 client `open_pool` yields. One actor task owns the pool and every piece of state plugged
@@ -51,13 +55,15 @@ reply; the actor drains the mailbox in batches (`kvpool.actors.actor`). Example:
 - admit(wait=False) is an immediate try: it never queues, so it may succeed while a
   larger waiter keeps waiting. admit(wait=True) queues FIFO behind earlier waiters; a
   cancelled waiter leaves the FIFO without a trace.
-- Leaving ``open_pool`` refuses new calls, handles everything already queued, then fails
-  the waiters with `PoolClosedError`; later calls raise it too. The actor's mailbox
+- Leaving ``open_pool`` (``open_manager``, ``open_actor``) refuses new calls, handles
+  everything already queued, then fails the waiters with the actor's `ActorClosedError`
+  (`PoolClosedError`, `ManagerClosedError`); later calls raise it too. The actor's mailbox
   streams are closed when it stops (no ResourceWarning).
 - A handler that raises a `PoolError` refused its call and changed nothing; anything
   else is a bug (`kvpool.errors`), a CancelledError included, and so is an undo that
   raises, wherever it runs: the actor crashes, every pending and later call in any task
-  raises `PoolCrashedError` (its ``__cause__`` the bug), and ``open_pool`` raises it.
+  raises the actor's `ActorCrashedError` (`PoolCrashedError`, `ManagerCrashedError`; its
+  ``__cause__`` the bug), and ``open_pool`` raises it.
   Nothing raised in the actor's task escapes it; ``open_pool`` never raises an
   exception group of its own (`kvpool.actors.hosting`).
 - Ctrl-C on trio (which raises KeyboardInterrupt at any bytecode of unprotected code)
@@ -95,23 +101,38 @@ a handler table; each `Handler` says how its kind runs, is undone and waits::
 `open_actor(handlers)` runs the same machinery over any state, without a pool.
 """
 
-from kvpool.actors.actor import WAIT, Actor, Handler, Status, Wait
+from kvpool.actors.actor import (
+    ANY_ACTOR,
+    POOL_ACTOR,
+    WAIT,
+    Actor,
+    ActorIdentity,
+    Handler,
+    Status,
+    Wait,
+)
 from kvpool.actors.client import ActorReservation, ActorReserveOutcome, Lease, PoolClient
 from kvpool.actors.hosting import Extension, open_actor, open_pool
-from kvpool.actors.pool_state import PoolState
+from kvpool.actors.operation import Operation, handler_table
+from kvpool.actors.pool_operations import PoolState
 
 __all__ = [
+    "ANY_ACTOR",
+    "POOL_ACTOR",
     "WAIT",
     "Actor",
+    "ActorIdentity",
     "ActorReservation",
     "ActorReserveOutcome",
     "Extension",
     "Handler",
     "Lease",
+    "Operation",
     "PoolClient",
     "PoolState",
     "Status",
     "Wait",
+    "handler_table",
     "open_actor",
     "open_pool",
 ]

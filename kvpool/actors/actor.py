@@ -28,7 +28,14 @@ import anyio
 import anyio.lowlevel
 
 from kvpool.actors.slots import NO_REPLY, ReplySlot, SlotKind, interrupt_safe
-from kvpool.errors import InvalidArgumentError, PoolClosedError, PoolCrashedError, PoolError
+from kvpool.errors import (
+    ActorClosedError,
+    ActorCrashedError,
+    InvalidArgumentError,
+    PoolClosedError,
+    PoolCrashedError,
+    PoolError,
+)
 
 M = TypeVar("M")
 R = TypeVar("R")
@@ -71,6 +78,24 @@ class Handler(Generic[M, R]):
     ordered: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ActorIdentity:
+    """Which actor this is, for the errors its callers get once it is gone: its name in
+    their messages and the classes it raises (subclasses of `ActorClosedError` and
+    `ActorCrashedError`, so a caller can catch either actor's, or any actor's)."""
+
+    name: str
+    closed: type[ActorClosedError]
+    crashed: type[ActorCrashedError]
+
+
+ANY_ACTOR: Final = ActorIdentity("actor", ActorClosedError, ActorCrashedError)
+"""An actor over handlers of the caller's own (`open_actor`'s default)."""
+
+POOL_ACTOR: Final = ActorIdentity("pool actor", PoolClosedError, PoolCrashedError)
+"""The actor `open_pool` runs."""
+
+
 class Status(enum.Enum):
     """The actor's life cycle: open, closing (leaving its block), closed, or crashed."""
 
@@ -109,6 +134,7 @@ class Actor:
         "_cause",
         "_dirty",
         "_handlers",
+        "_identity",
         "_on_crash",
         "_open_slot",
         "_ordered_out",
@@ -123,10 +149,16 @@ class Actor:
         "_yield_once",
     )
 
-    def __init__(self, handlers: Mapping[type[Any], Handler[Any, Any]], slots: SlotKind) -> None:
+    def __init__(
+        self,
+        handlers: Mapping[type[Any], Handler[Any, Any]],
+        slots: SlotKind,
+        identity: ActorIdentity = ANY_ACTOR,
+    ) -> None:
         if _Undo in handlers:
             raise InvalidArgumentError("the actor's own entry type cannot be registered")
         self._handlers: dict[type[Any], Handler[Any, Any]] = dict(handlers)
+        self._identity = identity
         self._send, self._receive = anyio.create_memory_object_stream[_Entry](math.inf)
         self._post = self._send.send_nowait
         self._open_slot = slots.open
@@ -173,9 +205,10 @@ class Actor:
     async def call(self, message: Any) -> Any:
         """Send ``message`` and return its handler's reply; always a checkpoint.
 
-        Raises what the handler raised, `PoolClosedError` / `PoolCrashedError` once the
-        actor is gone, `InvalidArgumentError` for a kind without a handler, and
-        `WrongLoopError` off the actor's loop. Cancellation: `kvpool.actors`.
+        Raises what the handler raised, the actor's `ActorClosedError` /
+        `ActorCrashedError` once it is gone (`gone_error`), `InvalidArgumentError` for a
+        kind without a handler, and `WrongLoopError` off the actor's loop. Cancellation:
+        `kvpool.actors`.
         """
         handler = self._handlers.get(type(message))  # the table is empty once it is gone
         if handler is None:
@@ -248,7 +281,7 @@ class Actor:
 
     def close(self) -> None:
         """Refuse new calls; the actor handles what is queued, fails the waiters with
-        `PoolClosedError`, then stops once every reply it delivered was taken or given
+        its `ActorClosedError`, then stops once every reply it delivered was taken or given
         back (`run`)."""
         if self._status is _OPEN:
             self._status = Status.CLOSING
@@ -261,13 +294,15 @@ class Actor:
         self._send.close()
         self._receive.close()
 
-    def gone_error(self) -> PoolError | PoolCrashedError:
-        """The error for a call the actor can no longer serve (crashed or closed)."""
+    def gone_error(self) -> ActorClosedError | ActorCrashedError:
+        """The error for a call the actor can no longer serve (crashed or closed), of its
+        identity's class and naming it."""
+        identity = self._identity
         if self._status is Status.CRASHED:
-            error = PoolCrashedError(f"the pool actor crashed: {self._cause!r}")
+            error = identity.crashed(f"the {identity.name} crashed: {self._cause!r}")
             error.__cause__ = self._cause
             return error
-        return PoolClosedError("the pool actor has shut down")
+        return identity.closed(f"the {identity.name} has shut down")
 
     # ----------------------------------------------------------- the actor task
 
@@ -438,11 +473,12 @@ class Actor:
         while waiters:
             _message, _handler, slot = waiters.popleft()
             if not slot.cancelled():
-                _fail(slot, PoolClosedError("the pool shut down before this request fit"))
+                identity = self._identity
+                _fail(slot, identity.closed(f"the {identity.name} shut down before this fit"))
 
     def _crash(self, cause: BaseException, slot: ReplySlot | None) -> None:
         """A bug (or an interrupt) in the actor task: fail the current call, every
-        queued call and every waiter with `PoolCrashedError`, and tell the host."""
+        queued call and every waiter with its `ActorCrashedError`, and tell the host."""
         self._status = Status.CRASHED
         self._handlers = {}
         self._cause = cause

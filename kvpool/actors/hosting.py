@@ -2,13 +2,14 @@
 
 Neither context manager raises an exception group of its own. An exception from the
 body propagates unchanged. If the actor crashes, the body is cancelled (as a failing
-child cancels a task group) and the block raises `PoolCrashedError` whose ``__cause__``
-is the bug (a KeyboardInterrupt or SystemExit raised in the actor's task is re-raised
-as it is; anything else, a handler's CancelledError included, is a bug and raises
-`PoolCrashedError`); if the body itself raised something other than a cancellation
-meanwhile, that exception wins. Ctrl-C on trio never lands in the actor's own code
-(`kvpool.actors.slots.interrupt_safe`): trio delivers it to the main task's next wait,
-and the block raises that KeyboardInterrupt after the actor settled.
+child cancels a task group) and the block raises the actor's `ActorCrashedError`
+(`PoolCrashedError` for the pool's) whose ``__cause__`` is the bug (a KeyboardInterrupt
+or SystemExit raised in the actor's task is re-raised as it is; anything else, a
+handler's CancelledError included, is a bug and raises it); if the body itself raised
+something other than a cancellation meanwhile, that exception wins. Ctrl-C on trio
+never lands in the actor's own code (`kvpool.actors.slots.interrupt_safe`): trio
+delivers it to the main task's next wait, and the block raises that KeyboardInterrupt
+after the actor settled.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any, TypeAlias
 
 import anyio
 
-from kvpool.actors.actor import Actor, Handler, Status
+from kvpool.actors.actor import ANY_ACTOR, POOL_ACTOR, Actor, ActorIdentity, Handler, Status
 from kvpool.actors.client import PoolClient
-from kvpool.actors.pool_state import PoolState
+from kvpool.actors.pool_operations import PoolState
 from kvpool.actors.slots import current_slots, interrupt_safe
 from kvpool.errors import InvalidArgumentError
 from kvpool.pool import BlockPool
@@ -42,24 +43,27 @@ async def open_pool(
     every later call with `PoolClosedError`.
     """
     state = PoolState(BlockPool(capacity))
-    table = state.handlers()
+    table = state.table()
     for extension in extensions:
         for kind, handler in extension(state).items():
             if kind in table:
                 raise InvalidArgumentError(f"message kind {kind.__name__} is registered twice")
             table[kind] = handler
-    async with open_actor(table) as actor:
+    async with open_actor(table, identity=POOL_ACTOR) as actor:
         state.count_waiters = lambda: actor.num_waiters
         yield PoolClient(actor, capacity)
 
 
 @asynccontextmanager
-async def open_actor(handlers: Mapping[type[Any], Handler[Any, Any]]) -> AsyncIterator[Actor]:
+async def open_actor(
+    handlers: Mapping[type[Any], Handler[Any, Any]], *, identity: ActorIdentity = ANY_ACTOR
+) -> AsyncIterator[Actor]:
     """Start an actor over ``handlers`` (any state they close over); yield it.
 
-    Same life cycle and exception rules as `open_pool`; send messages with `Actor.call`.
+    Same life cycle and exception rules as `open_pool`, raising ``identity``'s errors
+    (`ActorClosedError` / `ActorCrashedError` by default); send messages with `Actor.call`.
     """
-    actor = Actor(handlers, current_slots())
+    actor = Actor(handlers, current_slots(), identity)
     body_error: BaseException | None = None
     try:
         async with anyio.create_task_group() as task_group:

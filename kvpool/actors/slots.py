@@ -144,7 +144,10 @@ def asyncio_slots() -> SlotKind:
     WeakKeyDictionary lookup per call), more than a whole round trip to the actor. Each
     task's anyio state is kept in a plain dict until the task is done; the walk up its
     scopes stops at a shield, as anyio's does (tests/test_actor_cancellation.py checks
-    the two agree, and anyio's ``current_effective_deadline`` is the fallback).
+    the two agree, and anyio's ``current_effective_deadline`` is the fallback). Measured
+    with benchmarks/bench_actor.py's round trip at 100 clients: 1.6 us a call on uvloop
+    and 2.1 on asyncio, against 3.3 and 3.8 with the public answer (trio: 3.5 against
+    4.6); pyproject pins the anyio and trio versions it was checked against.
     """
     loop = asyncio.get_running_loop()
     new_future = partial(asyncio.Future, loop=loop)

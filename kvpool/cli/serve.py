@@ -81,7 +81,7 @@ def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         type=int_at_least(1, MAX_WORKERS),
         default=1,
         metavar="N",
-        help="engines (ranks), each with its own pool actor and event stream at port + "
+        help="engines (ranks), each with its own manager actor and event stream at port + "
         "rank; requests go to the rank with the fewest outstanding (default: 1)",
     )
     run.add_argument(

@@ -27,6 +27,7 @@ from kvpool.cli.workload import (
     synthetic_sessions,
 )
 from kvpool.engine import EngineConfig, Report, format_report, report_json
+from kvpool.engine.clock import event_loop
 from kvpool.engine.progress import ProgressBar
 from kvpool.engine.runner import KV_BACKENDS, SimulationRun, run_simulation
 from kvpool.errors import PoolError, TraceError
@@ -162,7 +163,7 @@ def add_simulate_command(
         "--kv-backend",
         choices=("actor", "local"),
         default="actor",
-        help="where each worker's KV manager and pool run: in its own pool actor task "
+        help="where each worker's KV manager and pool run: in its own manager actor task "
         "(actor) or called inline by the engine (local, faster); the simulation is the "
         "same (default: %(default)s)",
     )
@@ -255,7 +256,7 @@ def simulate_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> S
     config = check_simulate_flags(args, parser)
     if args.zmq_kv_event_port is not None:
         parser.error("--zmq-kv-event-port: no KV-event sockets in a quiet run")
-    backend, options = _backend(args.loop)
+    backend, options = event_loop(args.loop)
     trace = (
         MooncakeTrace(args.trace, trace_block_size=args.trace_block_size) if args.trace else None
     )
@@ -277,7 +278,7 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if failure is not None:
         return _fail(failure)
     try:
-        backend, options = _backend(args.loop)
+        backend, options = event_loop(args.loop)
     except ImportError as exc:
         return _fail(str(exc))
     if args.plot:
@@ -471,25 +472,6 @@ def _run(
         )
 
     return anyio.run(go, backend=backend, backend_options=options)
-
-
-def _backend(loop: str) -> tuple[str, dict[str, object]]:
-    """anyio's backend name and options for ``--loop``; ImportError if it is missing."""
-    if loop == "trio":
-        try:
-            import trio  # noqa: F401
-        except ImportError as exc:
-            raise ImportError("--loop trio: trio is not installed: pip install trio") from exc
-        return "trio", {}
-    if loop == "asyncio":
-        return "asyncio", {}
-    try:
-        import uvloop  # noqa: F401
-    except ImportError as exc:
-        if loop == "uvloop":
-            raise ImportError("--loop uvloop: uvloop is not installed: pip install uvloop") from exc
-        return "asyncio", {}
-    return "asyncio", {"use_uvloop": True}
 
 
 def _write_outputs(args: argparse.Namespace, run: SimulationRun) -> str | None:

@@ -11,9 +11,10 @@ goodput to the report.
 
 from kvpool.engine.arrivals import Arrivals
 from kvpool.engine.config import EngineConfig, PreemptionMode
-from kvpool.engine.engine import MockEngine, StepResult
+from kvpool.engine.dispatch import Dispatch, Dispatcher, LeastLoaded, RoundRobin, make_policy
+from kvpool.engine.engine import MockEngine, RequestOutput, StepResult
 from kvpool.engine.goodput import Goodput, Sla
-from kvpool.engine.kv_client import KvClient, KvUsage, LocalKvClient, TimedKvClient
+from kvpool.engine.kv_client import KvClient, LocalKvClient, TimedKvClient
 from kvpool.engine.metrics import EngineStats
 from kvpool.engine.record import RequestRecord
 from kvpool.engine.report import (
@@ -31,7 +32,7 @@ from kvpool.engine.runner import (
     open_local_kv,
     run_simulation,
 )
-from kvpool.engine.simulation import Dispatch, Simulation
+from kvpool.engine.simulation import Simulation
 from kvpool.engine.timing import (
     AicTiming,
     Dynamo16ProfileTiming,
@@ -49,6 +50,7 @@ __all__ = [
     "AicTiming",
     "Arrivals",
     "Dispatch",
+    "Dispatcher",
     "Distribution",
     "Dynamo16ProfileTiming",
     "Dynamo16Timing",
@@ -57,13 +59,15 @@ __all__ = [
     "EngineStats",
     "Goodput",
     "KvClient",
-    "KvUsage",
+    "LeastLoaded",
     "LocalKvClient",
     "MockEngine",
     "PreemptionMode",
     "ProfileDataError",
     "ProfileTiming",
     "Report",
+    "RequestOutput",
+    "RoundRobin",
     "RequestRecord",
     "Simulation",
     "SimulationRun",
@@ -76,6 +80,7 @@ __all__ = [
     "WorkerReport",
     "build_report",
     "format_report",
+    "make_policy",
     "open_actor_kv",
     "open_local_kv",
     "report_json",

@@ -87,10 +87,11 @@ from collections.abc import Sequence
 
 import msgspec
 
+from kvpool.engine.admission import rejection_reason
 from kvpool.engine.config import EngineConfig
 from kvpool.engine.execution import apply_jump, apply_step
 from kvpool.engine.fast_forward import DecodeJump, decode_growth, plan_jump
-from kvpool.engine.kv_client import KvClient, KvUsage
+from kvpool.engine.kv_client import KvClient
 from kvpool.engine.metrics import EngineStats, close_batch, read_counters
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.scheduler import plan_slots, schedule_fitting
@@ -98,11 +99,29 @@ from kvpool.engine.timing import is_context_free
 from kvpool.engine.work import step_work
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
-from kvpool.manager import Allocation, PrefillCost, SlotRequest, StepAllocations
+from kvpool.manager import Allocation, PoolUsage, PrefillCost, SlotRequest, StepAllocations
 from kvpool.workloads import RequestSpec
 
 _UNBOUNDED = 1 << 62
 """A step count no jump reaches."""
+
+
+class RequestOutput(msgspec.Struct, frozen=True):
+    """What one step did for one scheduled request, as vLLM's ``EngineCoreOutput`` says it.
+
+    ``num_computed_tokens`` is the tokens computed for it in the step; ``new_token_ids``
+    the token it sampled (none for a prefill chunk or a recomputation that did not reach
+    its end); ``num_cached_tokens`` the prompt tokens its admission reused from the
+    prefix cache, set only in the step that admitted it (None in the others);
+    ``finish_reason`` is ``"length"`` in the step that sampled its last token (the mock
+    engine has no stop token), None before.
+    """
+
+    request_id: str
+    num_computed_tokens: int
+    new_token_ids: list[int]
+    num_cached_tokens: int | None
+    finish_reason: str | None
 
 
 class StepResult(msgspec.Struct, frozen=True):
@@ -110,8 +129,9 @@ class StepResult(msgspec.Struct, frozen=True):
 
     ``scheduled`` maps request ids to the tokens computed for them (in schedule order);
     ``preempted`` lists this step's victims in preemption order; ``finished`` the
-    requests that produced their last token. (A msgspec Struct: one per step, cheap to
-    build.)
+    requests that produced their last token; ``outputs`` one `RequestOutput` per
+    scheduled request, in schedule order (empty when the engine's ``step_outputs`` is
+    off). (A msgspec Struct: one per step, cheap to build.)
     """
 
     clock: float
@@ -119,6 +139,7 @@ class StepResult(msgspec.Struct, frozen=True):
     scheduled: dict[str, int]
     preempted: list[str]
     finished: list[str]
+    outputs: list[RequestOutput]
 
 
 class MockEngine:
@@ -140,6 +161,7 @@ class MockEngine:
         rank: int = 0,
         sink: EventSink | None = None,
         epoch: float = 0.0,
+        step_outputs: bool = True,
     ) -> None:
         if sink is not None and not config.enable_kv_cache_events:
             raise InvalidArgumentError(
@@ -155,6 +177,9 @@ class MockEngine:
         self.rank = rank
         self.sink = sink
         self.epoch = epoch
+        # whether `execute_step` builds `StepResult.outputs` (one object per scheduled
+        # request a step: a simulation that reads only the stats turns it off)
+        self.step_outputs = step_outputs
         self.ts_scale = 1.0
         self.clock = 0.0
         self.waiting: deque[EngineRequest] = deque()
@@ -162,6 +187,9 @@ class MockEngine:
         self.stats = EngineStats()
         self.rejected_ids: list[str] = []
         self._preempted: list[str] = []
+        # this step's admissions: request id -> the prompt tokens it reused (its output's
+        # ``num_cached_tokens``); reset by `schedule_step`
+        self._admitted: dict[str, int] = {}
         # The pool's active blocks as of now, kept within a step from the allocations'
         # exact effect (fresh blocks, plus inactive cached blocks a first allocation
         # pins) and re-read after every step; -1 until the first step reads it. A
@@ -221,25 +249,9 @@ class MockEngine:
             self.clock = when
 
     def rejection_reason(self, spec: RequestSpec) -> str | None:
-        """Why ``spec`` could never run on this engine, or None if it can."""
-        config = self.config
-        limit = config.max_model_len
-        if limit is not None and spec.input_length + spec.output_length > limit:
-            return (
-                f"holds {spec.input_length} prompt and {spec.output_length} output tokens, "
-                f"more than max_model_len {limit}"
-            )
-        # The last output token is sampled, never computed: it needs no KV slot.
-        max_tokens = spec.input_length + spec.output_length - 1
-        blocks = -(-max_tokens // config.block_size)
-        if blocks > config.num_gpu_blocks:
-            return f"needs {blocks} blocks, the pool holds {config.num_gpu_blocks}"
-        if not config.enable_chunked_prefill and max_tokens > config.max_num_batched_tokens:
-            return (
-                f"needs {max_tokens} tokens in one step without chunked prefill, the "
-                f"budget is {config.max_num_batched_tokens}"
-            )
-        return None
+        """Why ``spec`` could never run on this engine, or None if it can
+        (`kvpool.engine.admission.rejection_reason` of its config)."""
+        return rejection_reason(self.config, spec)
 
     async def submit(self, spec: RequestSpec, arrival_s: float | None = None) -> bool:
         """Queue a request; False if it was rejected.
@@ -307,6 +319,7 @@ class MockEngine:
         if not self.has_work:
             raise RuntimeError("step() of an idle engine")
         self._preempted = []
+        self._admitted = {}
         self._step_events = []
         if self._num_active < 0:
             self._num_active = (await self.kv.usage()).num_active
@@ -329,13 +342,40 @@ class MockEngine:
         """The second half of `step`: run the step `schedule_step` returned for
         ``duration_s`` (default: its own `step_duration`; a lockstep rank waits for the
         slowest, so it passes that one's) and return what it did."""
+        if not self.step_outputs:
+            duration, finished = await self._execute(scheduled, duration_s)
+            return StepResult(
+                clock=self.clock,
+                duration_s=duration,
+                scheduled={request.request_id: n for request, n in scheduled.items()},
+                preempted=self._preempted,
+                finished=finished,
+                outputs=[],
+            )
+        sampled_before = [request.num_output for request in scheduled]
         duration, finished = await self._execute(scheduled, duration_s)
+        admitted = self._admitted
+        outputs = []
+        for (request, num_new), before in zip(scheduled.items(), sampled_before, strict=True):
+            request_id = request.request_id
+            # at most one token a step: the one a request that computed all its tokens samples
+            sampled = request.num_output != before
+            outputs.append(
+                RequestOutput(
+                    request_id,
+                    num_new,
+                    [request.spec.output.token(before)] if sampled else [],
+                    admitted.get(request_id),
+                    "length" if request.finish_s is not None else None,
+                )
+            )
         return StepResult(
             clock=self.clock,
             duration_s=duration,
             scheduled={request.request_id: n for request, n in scheduled.items()},
             preempted=self._preempted,
             finished=finished,
+            outputs=outputs,
         )
 
     async def fast_forward(self, until: float = math.inf, *, cross_boundaries: bool = True) -> int:
@@ -508,7 +548,7 @@ class MockEngine:
         while self.has_work:
             await self.step()
 
-    async def final_usage(self) -> KvUsage:
+    async def final_usage(self) -> PoolUsage:
         """Check the pool's invariants and return its occupancy (0 active when idle)."""
         await self.kv.check_invariants()
         return await self.kv.usage()
@@ -625,6 +665,7 @@ class MockEngine:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = self.clock  # the step's start
             request.cached_tokens += cached  # summed over admissions (RequestRecord)
+            self._admitted[request.request_id] = cached
             self._num_active += fresh + inactive_cached
             request.num_blocks = len(allocation.block_ids)
             request.num_computed = cached

@@ -10,7 +10,6 @@ import msgspec
 
 from kvpool.engine.engine import MockEngine
 from kvpool.engine.goodput import Goodput, Sla, goodput_of
-from kvpool.engine.kv_client import KvUsage
 from kvpool.engine.metrics import (
     EngineStats,
     held_durations,
@@ -22,6 +21,7 @@ from kvpool.engine.metrics import (
     weighted_percentile,
 )
 from kvpool.engine.routing_report import RoutingSummary, routing_lines
+from kvpool.manager import PoolUsage
 
 
 class Distribution(msgspec.Struct, frozen=True):
@@ -146,7 +146,7 @@ def worker_report(
     worker: int | None,
     stats: Sequence[EngineStats],
     clock: float,
-    final: Sequence[KvUsage],
+    final: Sequence[PoolUsage],
     end: float | None = None,
     sla: Sla | None = None,
 ) -> WorkerReport:
@@ -204,7 +204,7 @@ def worker_report(
 
 def build_report(
     engines: Sequence[MockEngine],
-    final: Sequence[KvUsage],
+    final: Sequence[PoolUsage],
     *,
     workload: str,
     settings: dict[str, object],

@@ -9,13 +9,13 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 
 from kvpool.engine.config import EngineConfig
+from kvpool.engine.dispatch import Dispatch, RoutedDispatch
 from kvpool.engine.engine import MockEngine
 from kvpool.engine.goodput import Sla
 from kvpool.engine.kv_client import KvClient, LocalKvClient
 from kvpool.engine.report import Report, build_report
-from kvpool.engine.routed import RoutedDispatch
 from kvpool.engine.routing_report import routing_summary
-from kvpool.engine.simulation import Dispatch, ProgressCallback, Simulation
+from kvpool.engine.simulation import ProgressCallback, Simulation
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink
 from kvpool.manager import open_manager
@@ -61,7 +61,7 @@ async def open_actor_kv(
 
 
 KV_BACKENDS: dict[str, KvFactory] = {"actor": open_actor_kv, "local": open_local_kv}
-"""``--kv-backend``: the manager behind a pool actor per engine, or called inline."""
+"""``--kv-backend``: the manager behind a manager actor per engine, or called inline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,8 @@ async def run_simulation(
             if wrap_kv is not None:
                 kv = wrap_kv(kv)
             sink = sinks[rank] if sinks is not None else None
-            engine = MockEngine(kv, config, rank=rank, sink=sink, epoch=epoch)
+            # the report reads the engines' stats and records, not their steps' outputs
+            engine = MockEngine(kv, config, rank=rank, sink=sink, epoch=epoch, step_outputs=False)
             if speedup_ratio > 0:  # paced: ts is the wall-clock time a step ends
                 engine.ts_scale = 1 / speedup_ratio
             engines.append(engine)

@@ -14,11 +14,8 @@ last may admit, and finish, a request, which the loop counts as after a step), s
 run is identical to stepping one step at a time, only faster. A paced run does not let
 a jump cross block boundaries, so that no event batch is published before its time.
 
-Dispatch: ``least-loaded`` (default) gives a request to the engine with the fewest
-outstanding (waiting + running) requests, lowest rank on ties; ``round-robin`` cycles
-through the ranks. Both are deterministic. A `kvpool.routing.DispatchPolicy` (Dynamo's
-KV router, llm-d's scheduler, a user's) routes instead when given as ``dispatch``
-(`kvpool.engine.routed.RoutedDispatch` connects it to the engines).
+Dispatch: ``least-loaded`` (default), ``round-robin`` or a `kvpool.routing.DispatchPolicy`
+(Dynamo's KV router, llm-d's scheduler, a user's), run through `kvpool.engine.dispatch`.
 
 The busy engines wait in a heap keyed by (clock, rank), so choosing the next to step
 costs O(log busy) whatever the number of workers, and least-loaded dispatch reads a heap
@@ -33,19 +30,16 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import pairwise
-from typing import Literal
-
-import anyio
 
 from kvpool.engine.arrivals import Arrivals
+from kvpool.engine.clock import WallPacer
+from kvpool.engine.dispatch import Dispatch, RoutedDispatch, bind, make_policy
 from kvpool.engine.engine import MockEngine
-from kvpool.engine.routed import RoutedDispatch
 from kvpool.errors import InvalidArgumentError
 from kvpool.routing import DispatchPolicy
 from kvpool.workloads import RequestSpec
 from kvpool.workloads.session import Session
 
-Dispatch = Literal["least-loaded", "round-robin"]
 ProgressCallback = Callable[[int, int, float], None]
 """Called as ``(requests finished or rejected, requests in the workload, simulated s)``;
 the workload's count is 0 when ``requests`` has no length (a plain iterator)."""
@@ -92,8 +86,7 @@ class Simulation:
     ) -> None:
         if not engines:
             raise InvalidArgumentError("a simulation needs at least one engine")
-        if isinstance(dispatch, str) and dispatch not in ("least-loaded", "round-robin"):
-            raise InvalidArgumentError(f"unknown dispatch policy {dispatch!r}")
+        policy = make_policy(dispatch)
         if not speedup_ratio >= 0:
             raise InvalidArgumentError(f"speedup_ratio must be >= 0, got {speedup_ratio!r}")
         if max_sim_time_s is not None and not max_sim_time_s > 0:
@@ -109,12 +102,9 @@ class Simulation:
             requests, concurrency=concurrency, arrival_speedup_ratio=arrival_speedup_ratio
         )
         self.dispatch = dispatch
-        # the router, when ``dispatch`` is one; the only place dispatch touches it
-        self.router = (
-            None
-            if isinstance(dispatch, str)
-            else RoutedDispatch(dispatch, self.engines, event_delay_s=router_event_delay_s)
-        )
+        self.dispatcher = bind(policy, self.engines, event_delay_s=router_event_delay_s)
+        # the router, when ``dispatch`` is one (the runner reports on it)
+        self.router = self.dispatcher if isinstance(self.dispatcher, RoutedDispatch) else None
         self.speedup_ratio = speedup_ratio
         self.on_progress = on_progress
         self.fast_forward = fast_forward
@@ -123,7 +113,8 @@ class Simulation:
         self.wall_s = 0.0
         self.unfinished = 0
         self.unstarted = 0
-        self._next_rank = 0
+        # each engine's records already passed to `arrivals.settled` (set by `run`)
+        self._seen: list[int] = []
 
     async def run(self) -> float:
         """Dispatch and step until every request has finished or been rejected (or the
@@ -133,11 +124,11 @@ class Simulation:
         stops it between two engine calls; the engines keep their partial state.
         """
         if self.lockstep:
-            start = time.perf_counter()
-            await self._run_lockstep(start)
+            pacer = WallPacer(self.speedup_ratio)
+            await self._run_lockstep(pacer)
             if self.max_sim_time_s is not None:
                 await self._cut()
-            self.wall_s = time.perf_counter() - start
+            self.wall_s = time.perf_counter() - pacer.start_s
             return self.wall_s
         engines = self.engines
         arrivals = self.arrivals
@@ -147,8 +138,7 @@ class Simulation:
         fast_forward = self.fast_forward
         cutoff = math.inf if self.max_sim_time_s is None else self.max_sim_time_s
         settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
-        # each engine's records already passed to `arrivals.settled`
-        seen = [len(engine.stats.requests) for engine in engines]
+        self._seen = [len(engine.stats.requests) for engine in engines]
         # (clock, rank, index) of each busy engine, earliest first. A busy engine's clock
         # moves only when it steps (advance_to leaves it alone), and it is off the heap
         # while it steps, so every key on the heap is its engine's current clock.
@@ -157,31 +147,23 @@ class Simulation:
         queued = [False] * len(engines)  # on the heap (busy)
         for _, _, index in busy:
             queued[index] = True
-        loads = _LoadHeap(engines) if self.dispatch == "least-loaded" else None
-        start = time.perf_counter()
+        pacer = WallPacer(speedup)  # simulated 0 is now
         while True:
             when = arrivals.peek()
             if when is not None and when < cutoff and (not busy or when <= busy[0][0]):
                 spec, when = arrivals.pop()
                 if speedup > 0:
-                    await _sleep_until(start + when / speedup)
-                index = self._choose(spec, when, loads)
-                engine = engines[index]
-                engine.advance_to(when)
-                if not await engine.submit(spec, when):
+                    await pacer.sleep_until(when)
+                given = await self._submit(spec, when)
+                if given is None:
                     settled += 1
-                    seen[index] += 1  # its rejection record
-                    arrivals.settled(spec.request_id, when)
-                    if self.router is not None:
-                        self.router.settled(index, spec.request_id, when)
                     if report is not None:
                         report(settled, total, when)
                     continue
-                if loads is not None:
-                    loads.changed(index)
-                if not queued[index]:
-                    heapq.heappush(busy, (engine.clock, engine.rank, index))
-                    queued[index] = True
+                if not queued[given]:
+                    engine = engines[given]
+                    heapq.heappush(busy, (engine.clock, engine.rank, given))
+                    queued[given] = True
                 continue
             if not busy or busy[0][0] >= cutoff:
                 break
@@ -203,29 +185,21 @@ class Simulation:
                 await engine.step()
             if engine.stats.completed != completed:
                 settled += engine.stats.completed - completed
-                if loads is not None:
-                    loads.changed(index)
-                records = engine.stats.requests
-                for record in records[seen[index] :]:
-                    finished = engine.clock if record.finish_s is None else record.finish_s
-                    arrivals.settled(record.request_id, finished)
-                    if self.router is not None:
-                        self.router.settled(index, record.request_id, finished)
-                seen[index] = len(records)
+                self._settle(index, engine.clock)
             if engine.has_work:
                 heapq.heappush(busy, (engine.clock, engine.rank, index))
             else:
                 queued[index] = False
             if speedup > 0:
-                await _sleep_until(start + engine.clock / speedup)
+                await pacer.sleep_until(engine.clock)
             if report is not None:
                 report(settled, total, engine.clock)
         if self.max_sim_time_s is not None:
             await self._cut()
-        self.wall_s = time.perf_counter() - start
+        self.wall_s = time.perf_counter() - pacer.start_s
         return self.wall_s
 
-    async def _run_lockstep(self, start: float) -> None:
+    async def _run_lockstep(self, pacer: WallPacer) -> None:
         """`run` with the engines in lockstep (see the class docstring)."""
         engines = self.engines
         arrivals = self.arrivals
@@ -234,8 +208,7 @@ class Simulation:
         speedup = self.speedup_ratio
         cutoff = math.inf if self.max_sim_time_s is None else self.max_sim_time_s
         settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
-        seen = [len(engine.stats.requests) for engine in engines]
-        loads = _LoadHeap(engines) if self.dispatch == "least-loaded" else None
+        seen = self._seen = [len(engine.stats.requests) for engine in engines]
         clock = max(engine.clock for engine in engines)
         for engine in engines:
             engine.advance_to(clock)
@@ -249,18 +222,11 @@ class Simulation:
                     for engine in engines:
                         engine.advance_to(clock)
                 if speedup > 0:
-                    await _sleep_until(start + when / speedup)
-                index = self._choose(spec, when, loads)
-                if not await engines[index].submit(spec, when):
+                    await pacer.sleep_until(when)
+                if await self._submit(spec, when) is None:
                     settled += 1
-                    seen[index] += 1  # its rejection record
-                    arrivals.settled(spec.request_id, when)
-                    if self.router is not None:
-                        self.router.settled(index, spec.request_id, when)
                     if report is not None:
                         report(settled, total, when)
-                elif loads is not None:
-                    loads.changed(index)
                 continue
             if not active or clock >= cutoff:
                 break
@@ -273,22 +239,44 @@ class Simulation:
             clock = active[0].clock  # the same float on every rank: clock + duration
             for index, engine in enumerate(engines):
                 engine.advance_to(clock)  # an idle rank ran a dummy step
-                records = engine.stats.requests
-                if len(records) == seen[index]:
-                    continue
-                for record in records[seen[index] :]:
-                    finished = clock if record.finish_s is None else record.finish_s
-                    arrivals.settled(record.request_id, finished)
-                    if self.router is not None:
-                        self.router.settled(index, record.request_id, finished)
-                    settled += 1
-                seen[index] = len(records)
-                if loads is not None:
-                    loads.changed(index)
+                if len(engine.stats.requests) != seen[index]:
+                    settled += self._settle(index, clock)
             if speedup > 0:
-                await _sleep_until(start + clock / speedup)
+                await pacer.sleep_until(clock)
             if report is not None:
                 report(settled, total, clock)
+
+    async def _submit(self, spec: RequestSpec, when: float) -> int | None:
+        """Send ``spec``, arriving at ``when``, to the engine the dispatcher chooses (an
+        idle one's clock jumps to ``when``); return its index, or None if the engine
+        rejected it (then settled: the arrivals and the dispatcher are told)."""
+        dispatcher = self.dispatcher
+        index = dispatcher.choose(spec, when)
+        engine = self.engines[index]
+        engine.advance_to(when)
+        if not await engine.submit(spec, when):
+            self._seen[index] += 1  # its rejection record
+            self.arrivals.settled(spec.request_id, when)
+            dispatcher.settled(index, spec.request_id, when)
+            return None
+        dispatcher.changed(index)
+        return index
+
+    def _settle(self, index: int, clock: float) -> int:
+        """Tell the arrivals and the dispatcher of engine ``index``'s requests that
+        finished since it was last asked (at their finish time; ``clock`` for a record
+        without one); return how many."""
+        dispatcher = self.dispatcher
+        arrivals = self.arrivals
+        dispatcher.changed(index)
+        records = self.engines[index].stats.requests
+        seen = self._seen[index]
+        for record in records[seen:]:
+            finished = clock if record.finish_s is None else record.finish_s
+            arrivals.settled(record.request_id, finished)
+            dispatcher.settled(index, record.request_id, finished)
+        self._seen[index] = len(records)
+        return len(records) - seen
 
     async def _cut(self) -> None:
         """The clock reached ``max_sim_time_s``: abort what is in flight, count what
@@ -298,55 +286,3 @@ class Simulation:
                 await engine.abort(request.request_id)
                 self.unfinished += 1
         self.unstarted = self.arrivals.unsent()
-
-    def _choose(self, spec: RequestSpec, when: float, loads: _LoadHeap | None) -> int:
-        """The engine ``spec`` goes to: the router's, else least-loaded or round-robin."""
-        if self.router is not None:
-            return self.router.choose(spec, when)
-        return self._round_robin() if loads is None else loads.lightest()
-
-    def _round_robin(self) -> int:
-        index = self._next_rank
-        self._next_rank = (index + 1) % len(self.engines)
-        return index
-
-
-class _LoadHeap:
-    """The engines by (outstanding requests, index): least-loaded dispatch in O(log n).
-
-    Lazy: a changed load pushes a fresh entry and the stale ones are dropped when they
-    surface, so every engine always has an entry holding its current load (`changed`
-    must be called after every change: an accepted submit, a step that finished one).
-    Rebuilt when stale entries outnumber the engines, so it stays O(engines) in size.
-    """
-
-    def __init__(self, engines: Sequence[MockEngine]) -> None:
-        self._engines = engines
-        self._heap: list[tuple[int, int]] = []
-        self._rebuild()
-
-    def lightest(self) -> int:
-        """The index of the engine with the fewest outstanding requests (lowest on ties)."""
-        heap = self._heap
-        engines = self._engines
-        while True:
-            load, index = heap[0]
-            if engines[index].num_outstanding == load:
-                return index
-            heapq.heappop(heap)
-
-    def changed(self, index: int) -> None:
-        """Engine ``index``'s load changed."""
-        heapq.heappush(self._heap, (self._engines[index].num_outstanding, index))
-        if len(self._heap) > 2 * len(self._engines) + 64:
-            self._rebuild()
-
-    def _rebuild(self) -> None:
-        self._heap = [(engine.num_outstanding, i) for i, engine in enumerate(self._engines)]
-        heapq.heapify(self._heap)
-
-
-async def _sleep_until(deadline: float) -> None:
-    delay = deadline - time.perf_counter()
-    if delay > 0:
-        await anyio.sleep(delay)

@@ -1,7 +1,7 @@
 """Where event batches go: the `EventSink` protocol and two in-process sinks.
 
 A producer (the manager's owner, once per engine step) calls ``sink.publish(batch)``
-synchronously; a sink never awaits, so it can be fed from inside the pool actor. The
+synchronously; a sink never awaits, so it can be fed from inside an actor (the manager's). The
 ZMQ sink lives in `kvpool.events.zmq_publisher` (pyzmq is optional).
 """
 

@@ -1,8 +1,10 @@
 """The request-level KV manager: block tables over a `BlockPool`, router-visible events.
 
 `KvManager` is synchronous and I/O-free (see `kvpool.manager.kv_manager` for its rules).
-`open_manager` / `ManagerClient` run it inside an actor (`kvpool.manager.client`); they
-are imported lazily, so ``import kvpool.manager`` does not load the actor.
+`ManagerClient` drives it, inline or inside the manager actor (`open_manager`); the
+service's layout: `kvpool.manager.messages`, `kvpool.manager.operations`,
+`kvpool.manager.client`. The client is imported lazily, so ``import kvpool.manager``
+does not load the actor.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from kvpool.manager.types import (
 
 if TYPE_CHECKING:
     from kvpool.manager._api import KvManager
-    from kvpool.manager.client import ManagerClient, open_manager
+    from kvpool.manager.client import LocalKvClient, ManagerClient, TimedKvClient, open_manager
 else:
     from kvpool.manager.kv_manager import KvManager
 
 __all__ = [
     "Allocation",
     "KvManager",
+    "LocalKvClient",
     "ManagerClient",
     "ManagerStats",
     "PoolUsage",
@@ -38,10 +41,14 @@ __all__ = [
     "StepAllocations",
     "StepOutcome",
     "StepUpdate",
+    "TimedKvClient",
     "open_manager",
 ]
 
 __getattr__ = lazy_attributes(
     __name__,
-    {"ManagerClient": "kvpool.manager.client", "open_manager": "kvpool.manager.client"},
+    dict.fromkeys(
+        ("LocalKvClient", "ManagerClient", "TimedKvClient", "open_manager"),
+        "kvpool.manager.client",
+    ),
 )

@@ -1,12 +1,25 @@
-"""The manager's actor: `open_manager` and its async `ManagerClient`.
+"""The manager service's one client, `ManagerClient`, over a transport of three.
 
-One actor task owns a `BlockPool` and a `KvManager` over it (`kvpool.manager.handlers`),
-so request-level calls from any number of tasks are serialized, each one atomic, and the
-router-visible events leave in the order the actor produced them. Works on asyncio,
-asyncio+uvloop and trio. `ManagerClient` is also the engine's actor-backed KV client
-(`kvpool.engine.KvClient`).
+The client's methods are `KvManager`'s, awaited: each builds its request Struct
+(`kvpool.manager.messages`), hands it to its transport and unpacks the reply; what each
+one returns and raises is what the `KvManager` method of the same name does (a
+`kvpool.errors.PoolError` that changed nothing). The transport decides where the handler
+(`kvpool.manager.operations`) runs:
 
-Example::
+- `InlineTransport`: in the caller's task, at once. No call ever yields to the event
+  loop, so an engine step is atomic with respect to other tasks and cancellation cannot
+  interrupt a call half-way. An ``allocate(wait=True)`` that does not fit raises
+  `CannotWaitError` (nothing changed): no other task could give blocks back while the
+  caller's own task is the one running the manager.
+- the manager actor (`open_manager`, `kvpool.actors.Actor.call`): one task owns the
+  manager, so calls from any number of tasks are serialized, each one atomic, and the
+  router-visible events leave in the order the actor produced them. Every call is a
+  checkpoint and follows the cancellation contract of `kvpool.actors`; once the actor
+  is gone calls raise `ManagerClosedError` / `ManagerCrashedError`.
+- `TimedTransport`: another transport, adding up the wall time spent in each call and
+  the number of calls (benchmarks split wall time between the cache and the scheduler).
+
+`ManagerClient` is the engine's KV client (`kvpool.engine.KvClient`). Example::
 
     async with open_manager(1024, block_size=16) as kv:
         await kv.add_request("r1", prompt)
@@ -21,34 +34,19 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any, Final, Protocol
 
-import anyio.lowlevel
-
-from kvpool.actors import Actor, open_actor
+from kvpool.actors import WAIT, ActorIdentity, open_actor
 from kvpool.actors.slots import interrupt_safe
-from kvpool.errors import InvalidArgumentError
-from kvpool.events import KVEvent, KVEventBatch
-from kvpool.manager import KvManager
-from kvpool.manager.handlers import ManagerHandlers
-from kvpool.manager.messages import (
-    AddRequest,
-    AllocateSlots,
-    AllocateSteps,
-    AllocationReply,
-    AppendTokens,
-    CheckManager,
-    EventsReply,
-    FinishStep,
-    FreeRequest,
-    GetManagerStats,
-    GetPrefillCost,
-    ManagerStatsReply,
-    MarkComputed,
-    PreemptRequest,
-    PrefillCostReply,
-    StepsReply,
-    TakeEvents,
+from kvpool.errors import (
+    CannotWaitError,
+    InvalidArgumentError,
+    ManagerClosedError,
+    ManagerCrashedError,
 )
+from kvpool.events import KVEvent, KVEventBatch
+from kvpool.manager import KvManager, messages
+from kvpool.manager.operations import ManagerState
 from kvpool.manager.types import (
     Allocation,
     ManagerStats,
@@ -59,56 +57,94 @@ from kvpool.manager.types import (
     StepOutcome,
     StepUpdate,
 )
-from kvpool.manager.validation import check_count, check_timestamp
 from kvpool.pool import BlockPool
 
-_TAKE_EVENTS = TakeEvents()
-_GET_STATS = GetManagerStats()
-_CHECK = CheckManager()
+MANAGER_ACTOR: Final = ActorIdentity("manager actor", ManagerClosedError, ManagerCrashedError)
+"""The actor `open_manager` runs."""
+
+_TAKE_EVENTS = messages.TakeEvents()
+_GET_STATS = messages.GetManagerStats()
+_CHECK = messages.CheckManager()
+
+
+class Transport(Protocol):
+    """Carries one request to the manager's handler and returns its reply."""
+
+    async def call(self, message: Any) -> Any:
+        """The reply of ``message``'s handler; raises what it raised."""
+        ...
+
+
+class InlineTransport:
+    """Runs each handler in the caller's task, without yielding (module docstring)."""
+
+    __slots__ = ("_table", "manager")
+
+    def __init__(self, manager: KvManager) -> None:
+        self.manager = manager
+        """The manager the handlers drive (the caller's own: inspect it freely)."""
+        self._table = ManagerState(manager).table()
+
+    async def call(self, message: Any) -> Any:
+        handler = self._table.get(type(message))
+        if handler is None:
+            raise InvalidArgumentError(f"no handler for message {message!r}")
+        reply = handler.handle(message)
+        if reply is WAIT:
+            raise CannotWaitError(
+                f"{message!r:.200} does not fit and an inline client cannot wait for room"
+            )
+        return reply
+
+
+class TimedTransport:
+    """Another transport, adding the wall time spent in each call to ``seconds`` and
+    counting ``calls``."""
+
+    __slots__ = ("_inner", "calls", "seconds")
+
+    def __init__(self, inner: Transport) -> None:
+        self._inner = inner
+        self.seconds = 0.0
+        self.calls = 0
+
+    async def call(self, message: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await self._inner.call(message)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
 
 
 class ManagerClient:
-    """The handle `open_manager` yields; usable from any task on the actor's loop.
+    """The manager service's client over one `Transport` (module docstring: what each
+    transport does to a call); usable from any task on the transport's loop."""
 
-    Every method is one actor call, always a checkpoint, and raises what the
-    `KvManager` method of the same name raises (a `kvpool.errors.PoolError`, nothing
-    changed), or `PoolClosedError` / `PoolCrashedError` once the actor is gone. What
-    cancellation does to each call: `kvpool.manager.handlers`, under the contract in
-    `kvpool.actors`.
-    """
+    __slots__ = ("_call", "block_size", "capacity", "transport")
 
-    __slots__ = ("_call", "block_size", "capacity")
-
-    def __init__(self, actor: Actor, capacity: int, block_size: int) -> None:
-        self._call = actor.call
+    def __init__(self, transport: Transport, capacity: int, block_size: int) -> None:
+        self.transport = transport
+        self._call = transport.call
         self.capacity = capacity
         """Blocks in the pool."""
         self.block_size = block_size
         """Tokens per block."""
 
     async def add_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> PrefillCost:
-        """Register a request with its prompt; returns its prefill cost now.
-
-        Raises `DuplicateRequestError`, `InvalidArgumentError`.
-        """
-        reply: PrefillCostReply = await self._call(
-            AddRequest(request_id, prompt_token_ids)  # type: ignore[arg-type]
+        """`KvManager.add_request`: register a request; returns its prefill cost now."""
+        reply: messages.PrefillCostReply = await self._call(
+            messages.AddRequest(request_id, prompt_token_ids)  # type: ignore[arg-type]
         )
         return reply.cost
 
     async def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
-        """Append decoded tokens to a request; returns None.
-
-        Raises `UnknownRequestError`, `InvalidArgumentError`.
-        """
-        await self._call(AppendTokens(request_id, token_ids))  # type: ignore[arg-type]
+        """`KvManager.append_tokens`: decoded tokens join the request."""
+        await self._call(messages.AppendTokens(request_id, token_ids))  # type: ignore[arg-type]
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
-        """Return what the request's next allocation of all its tokens needs now.
-
-        Raises `UnknownRequestError`.
-        """
-        reply: PrefillCostReply = await self._call(GetPrefillCost(request_id))
+        """`KvManager.prefill_cost`: what an allocation of all its tokens needs now."""
+        reply: messages.PrefillCostReply = await self._call(messages.GetPrefillCost(request_id))
         return reply.cost
 
     async def allocate(
@@ -120,18 +156,14 @@ class ManagerClient:
         cache: bool = False,
         new_tokens: Sequence[int] = (),
     ) -> Allocation | None:
-        """Grow the request's table to hold ``num_tokens``; return the `Allocation`.
+        """`KvManager.allocate`: grow the table to ``num_tokens``; None if it does not fit.
 
-        Returns None when it does not fit now (nothing changed but ``new_tokens``
-        appended), unless ``wait``: then the call queues FIFO behind earlier waiters and
-        returns once it fits. With ``cache``, the allocated tokens are also marked
-        computed, making the full blocks they cover visible; ``new_tokens`` are appended
-        first, in the same turn (`KvManager.allocate`; not with ``wait``). Raises
-        `UnknownRequestError`, `TokenCountError`, `InvalidArgumentError`, and
-        `CapacityError` when it could never fit.
+        With ``wait`` (not with ``new_tokens``) a call that does not fit queues FIFO
+        behind earlier waiters of the actor and returns once it fits; inline it raises
+        `CannotWaitError`. Raises `CapacityError` when it could never fit.
         """
-        reply: AllocationReply = await self._call(
-            AllocateSlots(request_id, num_tokens, wait, cache, new_tokens)  # type: ignore[arg-type]
+        reply: messages.AllocationReply = await self._call(
+            messages.AllocateSlots(request_id, num_tokens, wait, cache, new_tokens)  # type: ignore[arg-type]
         )
         return reply.allocation
 
@@ -142,83 +174,118 @@ class ManagerClient:
         *,
         stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]:
-        """One or more steps' allocations, in order, stopping at the first that does not
-        fit (or after the first that changes the probe's cost from
-        ``stop_if_cost_changes``), each step's events and counters read after it, and
-        the probed request's prefill cost after the last, in one turn
-        (`KvManager.allocate_steps`). Raises what it raises, before anything changes."""
-        reply: StepsReply = await self._call(
-            AllocateSteps(steps, probe, stop_if_cost_changes)  # type: ignore[arg-type]
+        """`KvManager.allocate_steps`: one or more steps' allocations in one call."""
+        reply: messages.StepsReply = await self._call(
+            messages.AllocateSteps(steps, probe, stop_if_cost_changes)  # type: ignore[arg-type]
         )
         return reply.steps
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
-        """Record the computed-token count, making covered full blocks visible.
-
-        Raises `UnknownRequestError`, `TokenCountError`, `InvalidArgumentError`.
-        """
-        await self._call(MarkComputed(request_id, num_computed_tokens))
+        """`KvManager.mark_computed`: move the visibility watermark."""
+        await self._call(messages.MarkComputed(request_id, num_computed_tokens))
 
     async def free(self, request_id: str) -> None:
-        """Completion: release the request's blocks leaf first and forget it.
-
-        Raises `UnknownRequestError` (a double free included).
-        """
-        await self._call(FreeRequest(request_id))
+        """`KvManager.free`: completion; release leaf first and forget the request."""
+        await self._call(messages.FreeRequest(request_id))
 
     async def preempt(self, request_id: str) -> None:
-        """Release the request's blocks leaf first, keeping it for re-admission.
-
-        Raises `UnknownRequestError`.
-        """
-        await self._call(PreemptRequest(request_id))
+        """`KvManager.preempt`: release leaf first, keeping the request's tokens."""
+        await self._call(messages.PreemptRequest(request_id))
 
     async def finish_step(self, updates: list[StepUpdate], probe: str | None = None) -> StepOutcome:
-        """Apply a step's updates, drain the events, read occupancy, counters and the
-        probe's prefill cost, in one turn; return the `StepOutcome`. Raises as
-        `KvManager.finish_step`."""
-        outcome: StepOutcome = await self._call(FinishStep(updates, probe))
+        """`KvManager.finish_step`: a step's updates, the drain and the reads, in one call."""
+        outcome: StepOutcome = await self._call(messages.FinishStep(updates, probe))
         return outcome
 
     async def take_events(self) -> list[KVEvent]:
-        """Drain and return the queued KV events, oldest first."""
-        reply: EventsReply = await self._call(_TAKE_EVENTS)
+        """`KvManager.take_events`: the queued KV events, oldest first."""
+        reply: messages.EventsReply = await self._call(_TAKE_EVENTS)
         return reply.events
 
     async def take_batch(
         self, ts: float | None = None, data_parallel_rank: int | None = None
     ) -> KVEventBatch | None:
-        """Drain the queued events into one `KVEventBatch` (``ts`` defaults to now);
-        None if there were none. Raises `InvalidArgumentError` for a ``ts`` that is not
-        a finite float or a rank that is not None or an int >= 0, before any event is
-        taken (as `KvManager.take_batch`)."""
-        try:
-            stamp = time.time() if ts is None else check_timestamp(ts)
-            if data_parallel_rank is not None:
-                check_count(data_parallel_rank, "data_parallel_rank")
-        except InvalidArgumentError:
-            await anyio.lowlevel.checkpoint()  # a refused call yields too
-            raise
-        events = await self.take_events()
-        if not events:
-            return None
-        return KVEventBatch(ts=stamp, events=events, data_parallel_rank=data_parallel_rank)
+        """`KvManager.take_batch`, ``ts`` defaulting to the wall clock as it is served."""
+        reply: messages.BatchReply = await self._call(messages.TakeBatch(ts, data_parallel_rank))
+        return reply.batch
 
     async def stats(self) -> ManagerStats:
-        """Return the manager's counters."""
-        reply: ManagerStatsReply = await self._call(_GET_STATS)
+        """`KvManager.stats`: the manager's counters."""
+        reply: messages.ManagerStatsReply = await self._call(_GET_STATS)
         return reply.stats
 
     async def usage(self) -> PoolUsage:
-        """Return the pool's occupancy."""
-        reply: ManagerStatsReply = await self._call(_GET_STATS)
-        return PoolUsage(reply.num_active, reply.num_inactive, reply.capacity)
+        """The pool's occupancy now."""
+        reply: messages.ManagerStatsReply = await self._call(_GET_STATS)
+        return reply.usage
 
     async def check_invariants(self) -> None:
-        """Re-derive the manager's and the pool's invariants; a breach crashes the actor
-        (this call and every later one raise `PoolCrashedError`).
-        """
+        """`KvManager.check_invariants` (the pool's too); through an actor, a breach
+        crashes it (this call and every later one raise `ManagerCrashedError`)."""
         await self._call(_CHECK)
+
+
+class LocalKvClient(ManagerClient):
+    """A `ManagerClient` over the `InlineTransport` of a `KvManager` the caller owns."""
+
+    __slots__ = ()
+
+    def __init__(self, manager: KvManager) -> None:
+        super().__init__(
+            InlineTransport(manager), capacity=manager.pool.capacity, block_size=manager.block_size
+        )
+
+    @classmethod
+    def create(
+        cls,
+        num_gpu_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        enable_kv_cache_events: bool = True,
+        run_keys: bool = False,
+    ) -> LocalKvClient:
+        """A client over a fresh pool of ``num_gpu_blocks`` blocks and its own manager
+        (``run_keys``: `KvManager`'s)."""
+        manager = KvManager(
+            BlockPool(num_gpu_blocks),
+            block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_kv_cache_events=enable_kv_cache_events,
+            run_keys=run_keys,
+        )
+        return cls(manager)
+
+    @property
+    def manager(self) -> KvManager:
+        """The manager this client drives."""
+        transport: InlineTransport = self.transport  # type: ignore[assignment]
+        return transport.manager
+
+
+class TimedKvClient(ManagerClient):
+    """A `ManagerClient` over a `TimedTransport` wrapping ``inner``'s transport."""
+
+    __slots__ = ()
+
+    def __init__(self, inner: ManagerClient) -> None:
+        super().__init__(
+            TimedTransport(inner.transport), capacity=inner.capacity, block_size=inner.block_size
+        )
+
+    @property
+    def seconds(self) -> float:
+        """Wall time spent in calls so far."""
+        return self._timer().seconds
+
+    @property
+    def calls(self) -> int:
+        """Calls made so far."""
+        return self._timer().calls
+
+    def _timer(self) -> TimedTransport:
+        timer: TimedTransport = self.transport  # type: ignore[assignment]
+        return timer
 
 
 @asynccontextmanager
@@ -232,12 +299,13 @@ async def open_manager(
     run_keys: bool = False,
     on_create: Callable[[KvManager], None] | None = None,
 ) -> AsyncIterator[ManagerClient]:
-    """Start an actor owning ``BlockPool(capacity)`` and a `KvManager` over it; yield
-    its `ManagerClient` (``run_keys``: `KvManager`'s).
+    """Start the manager actor owning ``BlockPool(capacity)`` and a `KvManager` over it;
+    yield its `ManagerClient` (``run_keys``: `KvManager`'s).
 
     ``on_create`` receives the manager as it is built (to inspect it; drive it only
     through the client). Raises `InvalidArgumentError` for a bad argument, before any
-    task starts. Life cycle and exceptions are `kvpool.actors.open_actor`'s.
+    task starts. Life cycle and exceptions are `kvpool.actors.open_actor`'s, with
+    `ManagerClosedError` / `ManagerCrashedError`.
     """
     manager = KvManager(
         BlockPool(capacity),
@@ -249,10 +317,19 @@ async def open_manager(
     )
     if on_create is not None:
         on_create(manager)
-    async with open_actor(ManagerHandlers(manager).table()) as actor:
-        yield ManagerClient(actor, capacity, block_size)
+    async with open_actor(ManagerState(manager).table(), identity=MANAGER_ACTOR) as actor:
+        yield ManagerClient(actor, capacity=capacity, block_size=block_size)
 
 
 interrupt_safe(open_manager.__wrapped__)  # type: ignore[attr-defined]
 
-__all__ = ["ManagerClient", "open_manager"]
+__all__ = [
+    "MANAGER_ACTOR",
+    "InlineTransport",
+    "LocalKvClient",
+    "ManagerClient",
+    "TimedKvClient",
+    "TimedTransport",
+    "Transport",
+    "open_manager",
+]

@@ -1,7 +1,7 @@
 """The request-level KV manager over a `BlockPool`: Dynamo's ``VllmKvManager`` in Python.
 
 Synchronous and I/O-free (no asyncio, no anyio), like the pool it drives: a scheduler or
-the pool actor calls it, and it queues the router-visible KV events for someone to drain.
+the manager actor calls it, and it queues the router-visible KV events for someone to drain.
 
 Rules (``../shared/reference/NOTES.md``, "The manager" and "Router-visible KV events"):
 - A request's *first* allocation (empty block table) walks its full-block hashes until
@@ -82,7 +82,7 @@ from kvpool.pool import BlockId, BlockPool
 class KvManager:
     """Per-request block tables over one `BlockPool`, emitting router-visible KV events.
 
-    Not thread-safe; one owner drives it (a scheduler, or the pool actor). Every call
+    Not thread-safe; one owner drives it (a scheduler, or the manager actor). Every call
     validates all of its arguments first: a `kvpool.errors.PoolError` leaves the manager,
     the pool and the pending events exactly as they were.
     """

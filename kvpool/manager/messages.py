@@ -1,4 +1,7 @@
-"""The manager's actor protocol: one tagged msgspec Struct per request and reply kind.
+"""The manager service's protocol: one tagged msgspec Struct per request and reply kind.
+
+Each kind's handler, undo and flags are declared beside it in
+`kvpool.manager.operations` (the layout every service follows: `kvpool.actors.operation`).
 
 Wire-ready like the pool's (`kvpool.messages`): requests name a request by its id and
 carry plain ints and token lists, replies carry the manager's value types, and every
@@ -12,10 +15,11 @@ from typing import TypeAlias
 
 import msgspec
 
-from kvpool.events import KVEvent
+from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
     Allocation,
     ManagerStats,
+    PoolUsage,
     PrefillCost,
     SlotRequest,
     StepAllocations,
@@ -96,6 +100,14 @@ class TakeEvents(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.take_events``: drain the queued KV events, oldest first."""
 
 
+class TakeBatch(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.take_batch``: drain the queued events into one `KVEventBatch` stamped
+    ``ts`` (None: the wall clock as the call is served), or None if there were none."""
+
+    ts: float | None = None
+    data_parallel_rank: int | None = None
+
+
 class FinishStep(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.finish_step``: a scheduler step's updates, then the drain and reads
     and, with ``probe``, that request's prefill cost."""
@@ -122,6 +134,7 @@ ManagerRequest: TypeAlias = (
     | PreemptRequest
     | GetPrefillCost
     | TakeEvents
+    | TakeBatch
     | FinishStep
     | GetManagerStats
     | CheckManager
@@ -153,19 +166,24 @@ class EventsReply(msgspec.Struct, frozen=True, gc=False, tag=True):
     events: list[KVEvent]
 
 
+class BatchReply(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """The answer to `TakeBatch`: None when no event was queued."""
+
+    batch: KVEventBatch | None
+
+
 class ManagerStatsReply(msgspec.Struct, frozen=True, gc=False, tag=True):
     """The answer to `GetManagerStats`: the manager's counters and the pool's occupancy."""
 
     stats: ManagerStats
-    num_active: int
-    num_inactive: int
-    capacity: int
+    usage: PoolUsage
 
 
 ManagerReply: TypeAlias = (
     AllocationReply
     | PrefillCostReply
     | EventsReply
+    | BatchReply
     | StepOutcome
     | StepsReply
     | ManagerStatsReply
@@ -197,6 +215,7 @@ __all__ = [
     "AllocateSteps",
     "AllocationReply",
     "AppendTokens",
+    "BatchReply",
     "CheckManager",
     "EventsReply",
     "FinishStep",
@@ -211,6 +230,7 @@ __all__ = [
     "PreemptRequest",
     "PrefillCostReply",
     "StepsReply",
+    "TakeBatch",
     "TakeEvents",
     "decode",
     "encode",

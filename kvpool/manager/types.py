@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import msgspec
 
 from kvpool.events import KVEvent
+from kvpool.messages.values import PoolUsage
 from kvpool.pool import BlockId
 
 
@@ -64,19 +65,6 @@ class ManagerStats(msgspec.Struct, frozen=True, gc=False):
         if not self.prefix_query_tokens:
             return 0.0
         return self.prefix_hit_tokens / self.prefix_query_tokens
-
-
-class PoolUsage(msgspec.Struct, frozen=True, gc=False):
-    """The pool's occupancy: blocks in use or reserved, evictable idle blocks, capacity."""
-
-    num_active: int
-    num_inactive: int
-    capacity: int
-
-    @property
-    def fraction(self) -> float:
-        """KV usage as vLLM reports it: active blocks over capacity (0.0 when idle)."""
-        return self.num_active / self.capacity
 
 
 class StepUpdate(msgspec.Struct, frozen=True, gc=False, array_like=True):

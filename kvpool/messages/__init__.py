@@ -37,7 +37,7 @@ from kvpool.messages.requests import (
     Request,
     Reserve,
 )
-from kvpool.messages.values import Admission, PoolStats
+from kvpool.messages.values import Admission, PoolStats, PoolUsage
 
 __all__ = [
     "ActivatePrefix",
@@ -61,6 +61,7 @@ __all__ = [
     "GetStats",
     "Message",
     "PoolStats",
+    "PoolUsage",
     "PrefixHitReply",
     "QueryPrefix",
     "Release",

@@ -38,6 +38,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from kvpool.engine.admission import rejection_reason
 from kvpool.serve.choices import Choice
 from kvpool.serve.disconnect import unless_disconnected
 from kvpool.serve.driver import EngineDriver, Output
@@ -237,8 +238,7 @@ class _Api:
         spec = RequestSpec(
             request_id, 0.0, tuple(Segment(t, 1) for t in tokens), Segment(seed, max_tokens)
         )
-        engine = self.state.drivers[0].engine  # every rank has the same config
-        reason = engine.rejection_reason(spec) if engine is not None else None
+        reason = rejection_reason(self.state.config, spec)  # every rank's config
         if reason is not None:
             raise ApiError(f"the request can never run on this engine: it {reason}")
         return spec
@@ -293,7 +293,7 @@ class _Api:
         jobs: list[_Job] = []
         try:
             for spec in specs:
-                driver = self.state.choose()
+                driver = self.state.choose(spec)
                 try:
                     outputs = driver.submit(spec)
                 except anyio.ClosedResourceError:

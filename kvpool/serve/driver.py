@@ -37,7 +37,8 @@ from anyio.abc import TaskStatus
 
 from kvpool.actors.slots import SlotKind, current_slots
 from kvpool.engine import EngineConfig, MockEngine, StepResult, open_actor_kv
-from kvpool.engine.request import EngineRequest
+from kvpool.engine.admission import rejection_reason
+from kvpool.engine.clock import WallPacer
 from kvpool.events import EventSink
 from kvpool.serve.metrics import RankMetrics, ServeMetrics
 from kvpool.serve.outbox import Outbox
@@ -88,10 +89,20 @@ _Message = Submit | Abort | AbortAll
 class _Live:
     """A request the driver is producing for."""
 
-    __slots__ = ("cached", "first_token", "last_token", "reply", "request", "scheduled", "sent")
+    __slots__ = (
+        "arrival",
+        "cached",
+        "first_token",
+        "last_token",
+        "prompt_tokens",
+        "reply",
+        "scheduled",
+        "sent",
+    )
 
-    def __init__(self, request: EngineRequest, reply: Outbox[Output]) -> None:
-        self.request = request
+    def __init__(self, spec: RequestSpec, arrival: float, reply: Outbox[Output]) -> None:
+        self.arrival = arrival  # simulated time it arrived (its latencies' start)
+        self.prompt_tokens = spec.input_length
         self.reply = reply
         self.sent = 0  # output tokens already sent
         self.cached: int | None = None  # prompt tokens reused at first admission
@@ -121,14 +132,12 @@ class EngineDriver:
         self.metrics = metrics
         self._metrics: RankMetrics | None = None if metrics is None else metrics.rank(rank)
         self.outstanding = 0
-        self.worst_lag_s = 0.0
-        self.lag_counts: Counter[int] = Counter()  # paced steps by lateness in ms (bounded)
+        self.pacer = WallPacer(speedup_ratio)  # its lag counts: paced steps by lateness
         self.leaked_blocks: int | None = None  # set when the task ends
         self.shutdown_aborted = 0  # requests dropped by `abort_all`
         self.engine: MockEngine | None = None
         self._send, self._receive = anyio.create_memory_object_stream[_Message](math.inf)
         self._live: dict[str, _Live] = {}
-        self._start = 0.0
         self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
         self._slots: SlotKind | None = None  # the loop's wake-up path, for the outboxes
         self._stopped: set[str] = set()  # requests their clients stopped (`stop`)
@@ -192,7 +201,7 @@ class EngineDriver:
         # names them (run keys are for simulations, whose hashes never leave them).
         async with open_actor_kv(self.config, self.rank, run_keys=False) as kv:
             engine = MockEngine(kv, self.config, rank=self.rank, sink=self.sink)
-            self._start = time.perf_counter()
+            self.pacer.start()
             engine.epoch = time.time()
             if self.speedup_ratio > 0:  # paced: ts is the wall-clock time a step ends
                 engine.ts_scale = 1 / self.speedup_ratio
@@ -248,16 +257,17 @@ class EngineDriver:
             return
         spec, reply = message.spec, message.reply
         paced = self.speedup_ratio > 0
-        now = (message.sent_at - self._start) * self.speedup_ratio if paced else None
+        now = self.pacer.now(message.sent_at) if paced else None
         if now is not None:
             engine.advance_to(now)  # an idle engine's clock catches up with the wall
+        arrival = engine.clock if now is None else min(now, engine.clock)  # as submit's
         if not await engine.submit(spec, now):
-            reason = engine.rejection_reason(spec) or "rejected"
+            reason = rejection_reason(self.config, spec) or "rejected"
             reply.put(Output([], 0, True, reason))
             reply.end()
             self.outstanding -= 1
             return
-        self._live[spec.request_id] = _Live(engine.waiting[-1], reply)
+        self._live[spec.request_id] = _Live(spec, arrival, reply)
 
     async def _abort(self, engine: MockEngine, request_id: str) -> None:
         live = self._live.pop(request_id, None)
@@ -267,11 +277,11 @@ class EngineDriver:
             return  # finished (or aborted) already
         if stopped and self._metrics is not None and live.last_token is not None:
             self._metrics.finished(
-                arrival=live.request.arrival_s,
+                arrival=live.arrival,
                 scheduled=live.scheduled,
                 first_token=live.first_token,
                 last_token=live.last_token,
-                prompt_tokens=live.request.spec.input_length,
+                prompt_tokens=live.prompt_tokens,
                 generation_tokens=live.sent,
                 reason="stop",
             )
@@ -283,35 +293,45 @@ class EngineDriver:
         if self.speedup_ratio == 0:
             await anyio.lowlevel.checkpoint()  # let the handlers run between steps
             return
-        deadline = self._start + clock / self.speedup_ratio
-        delay = deadline - time.perf_counter()
-        if delay > 0:
-            await anyio.sleep(delay)
-        lag = time.perf_counter() - deadline
-        self.lag_counts[max(0, math.ceil(lag * 1000))] += 1
-        if lag > self.worst_lag_s:
-            self.worst_lag_s = lag
+        await self.pacer.pace(clock)
+
+    @property
+    def worst_lag_s(self) -> float:
+        """The latest (wall seconds) a paced step's tokens were sent past its end."""
+        return self.pacer.worst_lag_s
+
+    @worst_lag_s.setter
+    def worst_lag_s(self, value: float) -> None:  # a sampler resets it between reads
+        self.pacer.worst_lag_s = value
+
+    @property
+    def lag_counts(self) -> Counter[int]:
+        """Paced steps by lateness in whole milliseconds, rounded up (0: on time)."""
+        return self.pacer.lag_counts
 
     async def _deliver(self, engine: MockEngine, result: StepResult) -> None:
-        """Send each scheduled request the tokens it sampled in this step."""
+        """Send each scheduled request the tokens it sampled in this step (its
+        `RequestOutput`)."""
         metrics = self._metrics
         clock = result.clock
         step_start = clock - result.duration_s
         gone: list[str] = []
         iteration = 0  # vLLM's iteration tokens: prompt tokens computed plus generated
-        for request_id, num_new in result.scheduled.items():
+        for out in result.outputs:
+            request_id = out.request_id
             live = self._live.get(request_id)
             if live is None:
                 continue
-            request = live.request
-            if live.cached is None:  # first admission: what it reused of its prompt
-                live.cached = request.num_computed - num_new
+            num_new = out.num_computed_tokens
+            if live.cached is None and out.num_cached_tokens is not None:
+                # first admission: what it reused of its prompt
+                live.cached = out.num_cached_tokens
                 live.scheduled = step_start
                 if metrics is not None:
-                    metrics.queue.observe(step_start - request.arrival_s)
-                    metrics.prompt_tokens.inc(request.spec.input_length)
-            num_output = request.num_output
-            generated = num_output - live.sent
+                    metrics.queue.observe(step_start - live.arrival)
+                    metrics.prompt_tokens.inc(live.prompt_tokens)
+            tokens = out.new_token_ids
+            generated = len(tokens)
             iteration += num_new  # a decode's one token; else its prompt and first token
             if not generated:
                 continue  # a prefill chunk, or a recomputation after preemption
@@ -322,28 +342,26 @@ class EngineDriver:
                 # drops an aborted request's state, so no finished-request stats)
                 gone.append(request_id)
                 continue
-            output = request.spec.output
-            tokens = [output.token(i) for i in range(live.sent, num_output)]
-            live.sent = num_output
-            finished = request.finish_s is not None
+            live.sent += generated
+            finished = out.finish_reason is not None
             if live.last_token is None:
                 live.first_token = clock
             if metrics is not None:
                 if live.last_token is None:
-                    metrics.ttft.observe(clock - request.arrival_s)
+                    metrics.ttft.observe(clock - live.arrival)
                 else:
                     metrics.itl.observe(clock - live.last_token)
                 if finished:
                     metrics.finished(
-                        arrival=request.arrival_s,
+                        arrival=live.arrival,
                         scheduled=live.scheduled,
                         first_token=live.first_token,
                         last_token=clock,
-                        prompt_tokens=request.spec.input_length,
+                        prompt_tokens=live.prompt_tokens,
                         generation_tokens=live.sent,
                     )
             live.last_token = clock
-            if not live.reply.put(Output(tokens, live.cached, finished)):
+            if not live.reply.put(Output(tokens, live.cached or 0, finished)):
                 gone.append(request_id)  # the client stopped listening
                 continue
             if finished:

@@ -32,16 +32,14 @@ from types import FrameType
 import anyio
 import uvicorn
 
+from kvpool.engine.clock import event_loop
 from kvpool.serve.app import build_app
 from kvpool.serve.state import ServeState
 
 
 def _loop() -> str:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        return "asyncio"
-    return "uvloop"
+    """uvicorn's name for the loop `event_loop` picks (uvloop when installed)."""
+    return "uvloop" if event_loop("auto")[1].get("use_uvloop") else "asyncio"
 
 
 class _Server(uvicorn.Server):
@@ -141,8 +139,8 @@ def serve(
             tasks.start_soon(announce)
             await server.serve()
 
-    uvicorn_loop = _loop()
-    anyio.run(main, backend="asyncio", backend_options={"use_uvloop": uvicorn_loop == "uvloop"})
+    backend, options = event_loop("auto")
+    anyio.run(main, backend=backend, backend_options=options)
     if not server.started:
         return 1  # it could not bind, or the engines did not start (uvicorn logged why)
     leaked = state.leaked_blocks

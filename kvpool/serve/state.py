@@ -9,13 +9,15 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from kvpool.engine import EngineConfig
+from kvpool.engine import EngineConfig, LeastLoaded
+from kvpool.engine.dispatch import WorkerLoad
 from kvpool.events import EventSink
 from kvpool.serve.driver import EngineDriver
 from kvpool.serve.failures import FailureInjector
 from kvpool.serve.intake import RequestLimits
 from kvpool.serve.metrics import ServeMetrics
 from kvpool.serve.tokenizer import BuiltinTokenizer, Tokenizer
+from kvpool.workloads import RequestSpec
 
 DEFAULT_MODEL_NAME = "kvpool-mock"
 
@@ -23,8 +25,9 @@ DEFAULT_MODEL_NAME = "kvpool-mock"
 class ServeState:
     """A server's engines and settings; `running` runs the engines' tasks.
 
-    Dispatch across data-parallel ranks is simulate's ``least-loaded``: the rank with
-    the fewest outstanding requests, lowest rank on ties.
+    Dispatch across data-parallel ranks is simulate's ``least-loaded``
+    (`kvpool.engine.dispatch.LeastLoaded`): the rank with the fewest outstanding
+    requests, lowest rank on ties.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class ServeState:
         self.metrics = ServeMetrics(model_name, config, data_parallel_size)
         self.failures = failures  # injected failures (router tests), None: none
         self.created = int(time.time())
+        self._dispatch = LeastLoaded()
         self.drivers = [
             EngineDriver(
                 config,
@@ -68,9 +72,18 @@ class ServeState:
         """The most tokens (prompt plus output) one request may hold: the whole cache."""
         return self.config.num_gpu_blocks * self.config.block_size
 
-    def choose(self) -> EngineDriver:
-        """The rank for the next request: fewest outstanding, lowest rank on ties."""
-        return min(self.drivers, key=lambda driver: driver.outstanding)
+    def choose(self, spec: RequestSpec) -> EngineDriver:
+        """The rank for ``spec``: fewest outstanding, lowest rank on ties.
+
+        A handler reads no engine (each is its driver's task's): a rank's load is its
+        driver's ``outstanding``, the requests sent to it and not yet settled, all
+        counted as waiting."""
+        capacity = self.config.num_gpu_blocks
+        loads = [
+            WorkerLoad(rank, 0, driver.outstanding, 0, capacity)
+            for rank, driver in enumerate(self.drivers)
+        ]
+        return self.drivers[self._dispatch.choose(spec, loads, time.monotonic())]
 
     @property
     def leaked_blocks(self) -> int:

@@ -60,7 +60,7 @@ def run_configuration(argv: Sequence[str]) -> tuple[bytes | None, str | None]:
         lines = errors.getvalue().strip().splitlines()
         return None, lines[-1] if lines else "refused its flags"
     except Exception as exc:  # the run's failure is the table's to report
-        if _caused_by_interrupt(exc):  # Ctrl-C (inline) that a pool actor turned into a crash
+        if _caused_by_interrupt(exc):  # Ctrl-C (inline) that an actor turned into a crash
             raise KeyboardInterrupt from exc
         return None, f"{type(exc).__name__}: {exc}"
     report = run.report

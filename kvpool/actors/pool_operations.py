@@ -1,4 +1,6 @@
-"""The pool actor's state and handlers: a `BlockPool`, reservation handles, counters.
+"""The pool service: the pool actor's state (a `BlockPool`, reservation handles) and
+`OPERATIONS`, one declaration per message kind of `kvpool.messages` (the layout every
+service follows: `kvpool.actors.operation`).
 
 Every undo is exact, LRU order included: prefix copies an undone call took from the
 LRU go back to their place in it (`BlockPool.unreserve`, `BlockPool.unadmit`).
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from kvpool.actors.actor import WAIT, Handler, Wait
+from kvpool.actors.operation import Operation, handler_table
 from kvpool.errors import (
     BlockSharedError,
     ForeignReservationError,
@@ -86,23 +89,9 @@ class PoolState:
         self._held: dict[int, _Held] = {}
         self._next_handle = 1
 
-    def handlers(self) -> dict[type[Any], Handler[Any, Any]]:
-        """The pool protocol's handler table."""
-        return {
-            QueryPrefix: Handler(self.query_prefix),
-            Admit: Handler(self.admit, undo=self.undo_admit, waits=_admit_waits),
-            CacheMany: Handler(self.cache_many),
-            Free: Handler(self.free, gives_back=True),
-            Reserve: Handler(self.reserve, undo=self.undo_reserve),
-            ActivatePrefix: Handler(self.activate_prefix, undo=self.undo_activate_prefix),
-            AllocatePrivate: Handler(self.allocate_private, undo=self.undo_allocate),
-            AllocateCached: Handler(self.allocate_cached, undo=self.undo_allocate),
-            CachePrivate: Handler(self.cache_private),
-            Release: Handler(self.release, gives_back=True),
-            Cancel: Handler(self.cancel, gives_back=True),
-            GetStats: Handler(self.stats),
-            CheckInvariants: Handler(self.check_invariants),
-        }
+    def table(self) -> dict[type[Any], Handler[Any, Any]]:
+        """The handler table of `OPERATIONS` over this state."""
+        return handler_table(OPERATIONS, self)
 
     # ------------------------------------------------------------- 1:1 calls
 
@@ -252,6 +241,37 @@ class PoolState:
 
 def _admit_waits(message: Admit) -> bool:
     return message.wait is True
+
+
+OPERATIONS: tuple[Operation[PoolState, Any, Any], ...] = (
+    Operation(QueryPrefix, PrefixHitReply, PoolState.query_prefix),
+    Operation(Admit, AdmitReply, PoolState.admit, undo=PoolState.undo_admit, waits=_admit_waits),
+    Operation(CacheMany, FlagsReply, PoolState.cache_many),
+    Operation(Free, DoneReply, PoolState.free, gives_back=True),
+    Operation(Reserve, ReserveReply, PoolState.reserve, undo=PoolState.undo_reserve),
+    Operation(
+        ActivatePrefix,
+        BlocksReply,
+        PoolState.activate_prefix,
+        undo=PoolState.undo_activate_prefix,
+    ),
+    Operation(
+        AllocatePrivate, BlockReply, PoolState.allocate_private, undo=PoolState.undo_allocate
+    ),
+    Operation(
+        AllocateCached,
+        CachedBlockReply,
+        PoolState.allocate_cached,
+        undo=PoolState.undo_allocate,
+    ),
+    Operation(CachePrivate, FlagReply, PoolState.cache_private),
+    Operation(Release, DoneReply, PoolState.release, gives_back=True),
+    Operation(Cancel, DoneReply, PoolState.cancel, gives_back=True),
+    Operation(GetStats, StatsReply, PoolState.stats),
+    Operation(CheckInvariants, DoneReply, PoolState.check_invariants),
+)
+"""The pool protocol, one `Operation` per request kind (what cancellation does to each:
+the contract in `kvpool.actors`)."""
 
 
 def _bad_handle(handle: object, next_handle: int) -> NoReturn:

@@ -1,9 +1,10 @@
-"""The manager's actor: its operations as handlers, over a pool nothing else touches.
+"""The manager service: `ManagerState` (a `KvManager` over a pool nothing else touches)
+and `OPERATIONS`, one declaration per message kind of `kvpool.manager.messages` (the
+layout every service follows: `kvpool.actors.operation`).
 
-`manager_handlers` builds a `KvManager` over a fresh `BlockPool` and returns one
-`Handler` per message kind of `kvpool.manager.messages`. The actor that runs them owns
-both: no pool-level mutation is exposed beside the manager's own calls, so a block
-table can never be changed behind the manager's back.
+The manager actor, or the inline transport, runs them and owns both the manager and its
+pool: no pool-level mutation is exposed beside the manager's own calls, so a block table
+can never be changed behind the manager's back.
 
 What each kind does under cancellation (the contract: `kvpool.actors`):
 - `AllocateSlots` hands blocks out: undone by `KvManager.undo_allocation` (released
@@ -11,8 +12,9 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
   stays queued, as those hashes really are gone.
 - `AllocateSteps` hands blocks and events out: each allocation of each step undone as
   `AllocateSlots`'s, last first, then the steps' events put back ahead of newer ones.
-- `TakeEvents` hands events out: undone by putting them back ahead of newer ones.
-- `TakeEvents`, `FinishStep` and `AllocateSteps` are ``ordered``: the actor serves one
+- `TakeEvents` and `TakeBatch` hand events out: undone by putting them back ahead of
+  newer ones.
+- `TakeEvents`, `TakeBatch`, `FinishStep` and `AllocateSteps` are ``ordered``: the actor serves one
   only after every earlier one's reply was read or undone, so putting events back
   never lands them behind newer events another drainer already took.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
@@ -25,9 +27,11 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kvpool.actors import WAIT, Handler, Wait
+from kvpool.actors.operation import Operation, handler_table
 from kvpool.errors import InvalidArgumentError
 from kvpool.manager import KvManager
 from kvpool.manager.messages import (
@@ -36,6 +40,7 @@ from kvpool.manager.messages import (
     AllocateSteps,
     AllocationReply,
     AppendTokens,
+    BatchReply,
     CheckManager,
     EventsReply,
     FinishStep,
@@ -47,17 +52,22 @@ from kvpool.manager.messages import (
     PreemptRequest,
     PrefillCostReply,
     StepsReply,
+    TakeBatch,
     TakeEvents,
 )
-from kvpool.manager.types import StepOutcome
+from kvpool.manager.types import PoolUsage, StepOutcome
 from kvpool.messages import DoneReply
 
 _DONE = DoneReply()
 _NO_ROOM = AllocationReply(None)
 
 
-class ManagerHandlers:
-    """The handlers of one manager; only its actor calls them."""
+class ManagerState:
+    """What the manager service owns: its `KvManager` (and, through it, the pool).
+
+    Its methods are the handlers `OPERATIONS` names; only the actor (or the inline
+    transport) calls them.
+    """
 
     __slots__ = ("manager",)
 
@@ -65,25 +75,8 @@ class ManagerHandlers:
         self.manager = manager
 
     def table(self) -> dict[type[Any], Handler[Any, Any]]:
-        """The manager protocol's handler table."""
-        return {
-            AllocateSlots: Handler(self.allocate, undo=self.undo_allocate, waits=_waits),
-            AllocateSteps: Handler(
-                self.allocate_steps, undo=self.undo_allocate_steps, ordered=True
-            ),
-            MarkComputed: Handler(self.mark_computed),
-            AppendTokens: Handler(self.append_tokens),
-            AddRequest: Handler(self.add_request, undo=self.undo_add_request),
-            FreeRequest: Handler(self.free, gives_back=True),
-            PreemptRequest: Handler(self.preempt, gives_back=True),
-            FinishStep: Handler(
-                self.finish_step, undo=self.undo_finish_step, gives_back=True, ordered=True
-            ),
-            GetPrefillCost: Handler(self.prefill_cost),
-            TakeEvents: Handler(self.take_events, undo=self.undo_take_events, ordered=True),
-            GetManagerStats: Handler(self.stats),
-            CheckManager: Handler(self.check_invariants),
-        }
+        """The handler table of `OPERATIONS` over this state."""
+        return handler_table(OPERATIONS, self)
 
     def allocate(self, message: AllocateSlots) -> AllocationReply | Wait:
         if message.new_tokens and message.wait:
@@ -163,11 +156,18 @@ class ManagerHandlers:
     def undo_take_events(self, message: TakeEvents, reply: EventsReply) -> None:
         self.manager.restore_events(reply.events)
 
+    def take_batch(self, message: TakeBatch) -> BatchReply:
+        ts = time.time() if message.ts is None else message.ts
+        return BatchReply(self.manager.take_batch(ts, message.data_parallel_rank))
+
+    def undo_take_batch(self, message: TakeBatch, reply: BatchReply) -> None:
+        if reply.batch is not None:
+            self.manager.restore_events(reply.batch.events)
+
     def stats(self, message: GetManagerStats) -> ManagerStatsReply:
         pool = self.manager.pool
-        return ManagerStatsReply(
-            self.manager.stats(), pool.num_active(), pool.num_inactive(), pool.capacity
-        )
+        usage = PoolUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
+        return ManagerStatsReply(self.manager.stats(), usage)
 
     def check_invariants(self, message: CheckManager) -> DoneReply:
         self.manager.check_invariants()
@@ -178,4 +178,54 @@ def _waits(message: AllocateSlots) -> bool:
     return message.wait
 
 
-__all__ = ["ManagerHandlers"]
+OPERATIONS: tuple[Operation[ManagerState, Any, Any], ...] = (
+    Operation(
+        AllocateSlots,
+        AllocationReply,
+        ManagerState.allocate,
+        undo=ManagerState.undo_allocate,
+        waits=_waits,
+    ),
+    Operation(
+        AllocateSteps,
+        StepsReply,
+        ManagerState.allocate_steps,
+        undo=ManagerState.undo_allocate_steps,
+        ordered=True,
+    ),
+    Operation(MarkComputed, DoneReply, ManagerState.mark_computed),
+    Operation(AppendTokens, DoneReply, ManagerState.append_tokens),
+    Operation(
+        AddRequest, PrefillCostReply, ManagerState.add_request, undo=ManagerState.undo_add_request
+    ),
+    Operation(FreeRequest, DoneReply, ManagerState.free, gives_back=True),
+    Operation(PreemptRequest, DoneReply, ManagerState.preempt, gives_back=True),
+    Operation(
+        FinishStep,
+        StepOutcome,
+        ManagerState.finish_step,
+        undo=ManagerState.undo_finish_step,
+        gives_back=True,
+        ordered=True,
+    ),
+    Operation(GetPrefillCost, PrefillCostReply, ManagerState.prefill_cost),
+    Operation(
+        TakeEvents,
+        EventsReply,
+        ManagerState.take_events,
+        undo=ManagerState.undo_take_events,
+        ordered=True,
+    ),
+    Operation(
+        TakeBatch,
+        BatchReply,
+        ManagerState.take_batch,
+        undo=ManagerState.undo_take_batch,
+        ordered=True,
+    ),
+    Operation(GetManagerStats, ManagerStatsReply, ManagerState.stats),
+    Operation(CheckManager, DoneReply, ManagerState.check_invariants),
+)
+"""The manager protocol, one `Operation` per request kind."""
+
+__all__ = ["OPERATIONS", "ManagerState"]
