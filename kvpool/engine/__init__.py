@@ -10,7 +10,7 @@ goodput to the report.
 """
 
 from kvpool.engine.arrivals import Arrivals
-from kvpool.engine.config import EngineConfig, PreemptionMode, TimingModel
+from kvpool.engine.config import EngineConfig, PreemptionMode
 from kvpool.engine.dispatch import Dispatch, Dispatcher, LeastLoaded, RoundRobin, make_policy
 from kvpool.engine.engine import MockEngine, RequestOutput, StepResult
 from kvpool.engine.goodput import Goodput, Sla
@@ -42,6 +42,7 @@ from kvpool.engine.timing import (
     ProfileTiming,
     StepTiming,
     StepWork,
+    TimingModel,
 )
 
 __all__ = [

@@ -1,50 +1,16 @@
-"""The mock engine's knobs, named after vLLM's and the mockers' flags, and its default
-(linear) timing model; Dynamo's models are in `kvpool.engine.timing`."""
+"""The mock engine's knobs, named after vLLM's and the mockers' flags; its step-time
+models, the linear default (`TimingModel`) included, are in `kvpool.engine.timing`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kvpool.engine.timing import StepTiming, StepWork
+from kvpool.engine.timing import StepTiming, TimingModel
 from kvpool.errors import InvalidArgumentError
 
 PreemptionMode = Literal["lifo", "fifo"]
 """Which running request is preempted when a block is short: newest (vLLM) or oldest."""
-
-
-@dataclass(frozen=True, slots=True)
-class TimingModel:
-    """Simulated duration of one engine step; speed-of-light GPU costs, nothing more.
-
-    ``step_time = step_overhead_s + prefill_token_s * prefill_tokens
-    + decode_seq_s * decode_seqs``: a fixed launch/sampling cost per step, a cost per
-    prompt token computed (prefill chunks and recomputation after preemption), and a cost
-    per sequence decoding one token. The defaults are rough figures for an 8B model on
-    one H100: 4 ms per step, ~16k prefill tokens/s, 60 us per decoding sequence.
-    """
-
-    step_overhead_s: float = 0.004
-    prefill_token_s: float = 0.00006
-    decode_seq_s: float = 0.00006
-
-    def __post_init__(self) -> None:
-        for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not value >= 0:
-                raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
-
-    def step_time(self, prefill_tokens: int, decode_seqs: int) -> float:
-        """Simulated seconds of a step computing these prefill tokens and decode sequences."""
-        return (
-            self.step_overhead_s
-            + self.prefill_token_s * prefill_tokens
-            + self.decode_seq_s * decode_seqs
-        )
-
-    def duration(self, work: StepWork) -> float:
-        """`step_time` of the step's prefill tokens and decoding sequences."""
-        return self.step_time(work.prefill_tokens, work.decode_seqs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,26 +88,15 @@ from collections.abc import Sequence
 import msgspec
 
 from kvpool.engine.admission import rejection_reason
-from kvpool.engine.config import EngineConfig, TimingModel
+from kvpool.engine.config import EngineConfig
+from kvpool.engine.execution import apply_jump, apply_step
+from kvpool.engine.fast_forward import DecodeJump, decode_growth, plan_jump
 from kvpool.engine.kv_client import KvClient
-from kvpool.engine.metrics import EngineStats
+from kvpool.engine.metrics import EngineStats, close_batch, read_counters
 from kvpool.engine.request import EngineRequest
-from kvpool.engine.stepping import (
-    CrossingJump,
-    apply_crossing,
-    apply_jump,
-    apply_step,
-    close_batch,
-    decode_growth,
-    decode_work,
-    plan_crossing,
-    plan_jump,
-    plan_slots,
-    read_counters,
-    schedule_fitting,
-    step_work,
-)
-from kvpool.engine.timing import DynamoTiming
+from kvpool.engine.scheduler import plan_slots, schedule_fitting
+from kvpool.engine.timing import is_context_free
+from kvpool.engine.work import step_work
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
 from kvpool.manager import Allocation, PoolUsage, PrefillCost, SlotRequest, StepAllocations
@@ -115,9 +104,6 @@ from kvpool.workloads import RequestSpec
 
 _UNBOUNDED = 1 << 62
 """A step count no jump reaches."""
-_CONTEXT_FREE_TIMING = (TimingModel, DynamoTiming)
-"""Timing models whose step time, in a run of pure decode steps, is the same every step
-(they read no ``context_tokens``): `MockEngine.fast_forward` asks them once."""
 
 
 class RequestOutput(msgspec.Struct, frozen=True):
@@ -226,6 +212,9 @@ class MockEngine:
         # built; one with Dynamo's hashes hashes each run's blocks once (a memo by
         # chain), and gets the tokens built here when events (which carry them) are on.
         self._with_tokens = config.enable_kv_cache_events
+        # Whether a jump asks the timing model for every step's duration, or once (and
+        # again only when the usage changes): `kvpool.engine.timing.is_context_free`.
+        self._decode_time_varies = not is_context_free(config.timing)
 
     def __repr__(self) -> str:
         return (
@@ -452,60 +441,28 @@ class MockEngine:
                     cost = await self.kv.prefill_cost(head.request_id)
                 if await self._admission(head, budget, cost, growing) is not None:
                     return 0  # the next step admits the head of the queue
-            plan = self._plan_crossing(until, _UNBOUNDED)
-            return await self._cross(plan, until, head, cost) if plan.taken else 0
-        steps, context = plan_jump(running, bs, caching)
-        if not steps:
+            plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=True)
+            return await self._take_jump(plan, until, head, cost) if plan.taken else 0
+        plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=False)
+        if not plan.taken:
             return 0
         if admits and await self._admission(waiting[0], budget) is not None:
             return 0  # the next step admits the head of the queue
+        return await self._take_jump(plan, until, None, None)
 
-        timing = config.timing
-        capacity = config.num_gpu_blocks
-        varies = type(timing) not in _CONTEXT_FREE_TIMING
-        duration = timing.duration(decode_work(n, context, self._num_active, capacity, bs))
-        stats = self.stats
-        busy = stats.busy_s
-        taken = 0
-        first_end = clock
-        while taken < steps and clock < until:
-            if varies and taken:
-                work = decode_work(n, context + taken * n, self._num_active, capacity, bs)
-                duration = timing.duration(work)
-            start = clock
-            clock += duration
-            busy += duration
-            if taken:
-                stats.record_itl(clock - start, n)
-            else:
-                first_end = clock
-            taken += 1
-        self.clock = clock
-        stats.busy_s = busy
-        stats.steps += taken
-        stats.decode_tokens += n * taken
-        stats.generated_tokens += n * taken
-        apply_jump(running, stats, taken, first_end, clock)
-        stats.record_sample(
-            first_end,
-            self._num_active / config.num_gpu_blocks,
-            stats.prefix_query_tokens,
-            stats.prefix_hit_tokens,
-        )
-        return taken
-
-    async def _cross(
+    async def _take_jump(
         self,
-        plan: CrossingJump,
+        plan: DecodeJump,
         until: float,
         head: EngineRequest | None,
         cost: PrefillCost | None,
     ) -> int:
-        """`fast_forward` across block boundaries: the ``plan``'s allocations in one
-        `KvClient.allocate_steps` call. With a ``head`` waiting for blocks (its
-        admission refused at ``cost``, None without prefix caching) the call stops
-        after the first step that changes its cost (only prefix caching can), and that
-        step is finished as `step` would finish it, admissions included."""
+        """Take the jump `fast_forward` planned: the ``plan``'s allocations (if it crosses
+        block boundaries) in one `KvClient.allocate_steps` call, then the jump applied.
+        With a ``head`` waiting for blocks (its admission refused at ``cost``, None
+        without prefix caching) the call stops after the first step that changes its
+        cost (only prefix caching can), and that step is finished as `step` would finish
+        it, admissions included."""
         config = self.config
         running = self.running
         probe = None if cost is None or head is None else head.request_id
@@ -523,7 +480,7 @@ class MockEngine:
         # may be the plan's last, so a full count of results does not mean no change.
         changed = probe is not None and bool(results) and results[-1].cost != cost
         if len(results) == len(plan.groups) and not changed:
-            self._apply_crossing(plan, results)
+            self._apply_jump(plan, results)
             return plan.taken
         # The head's cost changed in step `last`: the steps before it are a jump, and
         # `last` (its allocations made) may admit, as `step` would.
@@ -531,11 +488,11 @@ class MockEngine:
         if probe is None or last < 0:
             raise RuntimeError(f"a jump's allocations stopped short: {self!r}")
         members, slots = plan.group_members[last], plan.groups[last]
-        before = self._plan_crossing(until, plan.group_steps[last])
+        before = self._plan_jump(until, plan.group_steps[last], cross_boundaries=True)
         if before.taken != plan.group_steps[last] or len(before.groups) != last:
             raise RuntimeError(f"a jump planned twice planned two jumps: {self!r}")
         if before.taken:
-            self._apply_crossing(before, results[:last])
+            self._apply_jump(before, results[:last])
         for index, slot in zip(members, slots, strict=True):
             request = running[index]
             request.num_sent = slot.num_tokens - request.spec.input_length
@@ -549,10 +506,10 @@ class MockEngine:
         await self._execute(scheduled)
         return before.taken + 1
 
-    def _plan_crossing(self, until: float, max_steps: int) -> CrossingJump:
+    def _plan_jump(self, until: float, max_steps: int, *, cross_boundaries: bool) -> DecodeJump:
+        """The jump from now (`kvpool.engine.fast_forward.plan_jump`); nothing changes."""
         config = self.config
-        timing = config.timing
-        return plan_crossing(
+        return plan_jump(
             self.running,
             config.block_size,
             config.enable_prefix_caching,
@@ -560,16 +517,17 @@ class MockEngine:
             until,
             self._num_active,
             config.num_gpu_blocks,
-            timing,
-            type(timing) not in _CONTEXT_FREE_TIMING,
+            config.timing,
+            self._decode_time_varies,
             self.stats.busy_s,
             max_steps,
+            cross_boundaries,
         )
 
-    def _apply_crossing(self, plan: CrossingJump, results: list[StepAllocations]) -> None:
-        """Apply a crossing jump whose allocations returned ``results`` (`apply_crossing`)
-        and publish each step's batch, stamped with that step's end."""
-        batches = apply_crossing(
+    def _apply_jump(self, plan: DecodeJump, results: list[StepAllocations]) -> None:
+        """Apply a jump whose allocations returned ``results`` (`apply_jump`) and publish
+        each step's batch, stamped with that step's end."""
+        batches = apply_jump(
             plan, results, self.running, self.stats, self._num_active, self.config.num_gpu_blocks
         )
         self.clock = plan.clock

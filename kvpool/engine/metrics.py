@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvpool.engine.record import RequestRecord
+from kvpool.manager.types import ManagerStats
 
 
 @dataclass(slots=True)
@@ -181,3 +182,24 @@ def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: fl
         if seen >= target and weight > 0:
             return value
     return max(value for value, weight in by_value.items() if weight > 0)
+
+
+def read_counters(stats: EngineStats, counters: ManagerStats) -> None:
+    """Copy the counters the engine does not keep itself: the pool counts evictions, the
+    manager prefix-cache queries, hits and router-visible events."""
+    stats.evictions = counters.evictions
+    stats.prefix_query_tokens = counters.prefix_query_tokens
+    stats.prefix_hit_tokens = counters.prefix_hit_tokens
+    stats.kv_events = counters.kv_events
+
+
+def close_batch(stats: EngineStats) -> bool:
+    """At a step's end, once its counters are read: True (and one more batch counted) if
+    the step told a router something, which its KV calls' events then hold (none when
+    the manager builds no events). Every KV call that queues an event drains it, and the
+    engine reads its counters, within the step."""
+    if stats.kv_events == stats.kv_events_batched:
+        return False
+    stats.kv_events_batched = stats.kv_events
+    stats.event_batches += 1
+    return True

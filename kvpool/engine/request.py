@@ -1,8 +1,9 @@
 """A request as the engine's scheduler sees it: token counts, block count, timestamps.
 
-Compiled with mypyc (setup.py) with the engine's step bookkeeping
-(`kvpool.engine.stepping`), which reads and writes these fields for every running request
-every step; it runs interpreted just the same.
+Compiled with mypyc (setup.py) with the engine's per-step modules (`kvpool.engine.scheduler`,
+`kvpool.engine.work`, `kvpool.engine.execution`, `kvpool.engine.fast_forward`), which read
+and write these fields for every running request every step; it runs interpreted just the
+same.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ class EngineRequest:
         self.last_token_s = 0.0
         self.finish_s: float | None = None
         self.cached_tokens = 0
+
+    @property
+    def is_decoding(self) -> bool:
+        """True if the request has sampled a token and computed every token but the one
+        it sampled last: its next step computes that one token, a decode (or, after a
+        preemption, the last token of its recomputation, which costs the same)."""
+        return self.num_output > 0 and self.num_computed + 1 == self.num_tokens
 
     @property
     def has_pending(self) -> bool:

@@ -1,6 +1,6 @@
 """Step-time models: what a step did (`StepWork`) in, simulated seconds out.
 
-The linear default lives in `kvpool.engine.config` (`TimingModel`). Here are Dynamo
+The linear default (`TimingModel`), Dynamo
 mocker 1.4.0's two models, read off its vLLM engine core: the *polynomial* default
 (`DynamoTiming`) and the *interpolated* one built from a planner profile file
 (`ProfileTiming`, ``--planner-profile-data``); and the mocker's third, aiconfigurator's
@@ -88,6 +88,55 @@ class StepTiming(Protocol):
         ...
 
 
+def is_context_free(timing: StepTiming) -> bool:
+    """Whether ``timing`` gives every step of a run of pure decode steps the same time
+    while the pool's usage stays put: it reads neither ``context_tokens`` nor
+    ``decode_context_tokens``. A model says so with a ``context_free`` attribute that is
+    True; one that does not (a custom model, say) is asked again every step of a jump,
+    which is exact for any model, only slower.
+    """
+    return getattr(timing, "context_free", False) is True
+
+
+@dataclass(frozen=True, slots=True)
+class TimingModel:
+    """Simulated duration of one engine step; speed-of-light GPU costs, nothing more.
+
+    ``step_time = step_overhead_s + prefill_token_s * prefill_tokens
+    + decode_seq_s * decode_seqs``: a fixed launch/sampling cost per step, a cost per
+    prompt token computed (prefill chunks and recomputation after preemption), and a cost
+    per sequence decoding one token. The defaults are rough figures for an 8B model on
+    one H100: 4 ms per step, ~16k prefill tokens/s, 60 us per decoding sequence.
+    """
+
+    step_overhead_s: float = 0.004
+    prefill_token_s: float = 0.00006
+    decode_seq_s: float = 0.00006
+
+    def __post_init__(self) -> None:
+        for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not value >= 0:
+                raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int) -> float:
+        """Simulated seconds of a step computing these prefill tokens and decode sequences."""
+        return (
+            self.step_overhead_s
+            + self.prefill_token_s * prefill_tokens
+            + self.decode_seq_s * decode_seqs
+        )
+
+    def duration(self, work: StepWork) -> float:
+        """`step_time` of the step's prefill tokens and decoding sequences."""
+        return self.step_time(work.prefill_tokens, work.decode_seqs)
+
+    @property
+    def context_free(self) -> bool:
+        """It reads no context (see `is_context_free`), unless a subclass's `duration` may."""
+        return type(self).duration is TimingModel.duration
+
+
 @dataclass(frozen=True, slots=True)
 class DynamoTiming:
     """Dynamo mocker 1.4.0's default ("polynomial") model, per step (ms):
@@ -104,6 +153,11 @@ class DynamoTiming:
         if work.emitting:
             ms += _dynamo_decode_ms(work.active_blocks / work.capacity)
         return ms / 1e3
+
+    @property
+    def context_free(self) -> bool:
+        """It reads no context (see `is_context_free`), unless a subclass's `duration` may."""
+        return type(self).duration is DynamoTiming.duration
 
 
 def _dynamo_prefill_ms(t: int) -> float:

@@ -1,0 +1,129 @@
+"""What a step, or a jump over decode steps, does to its requests and the stats once its
+KV calls are made: tokens computed and sampled, requests finished, gaps and samples
+recorded. No I/O: the engine awaits its KV client around these. setup.py compiles this
+module with mypyc.
+"""
+
+from __future__ import annotations
+
+from kvpool.engine.fast_forward import DecodeJump
+from kvpool.engine.metrics import EngineStats, close_batch, read_counters
+from kvpool.engine.request import EngineRequest
+from kvpool.events import KVEvent
+from kvpool.manager.types import StepAllocations, StepUpdate
+
+
+def apply_step(
+    scheduled: dict[EngineRequest, int], now: float, stats: EngineStats, rank: int
+) -> tuple[list[StepUpdate], list[str]]:
+    """Apply a step that ended at ``now`` to its requests and ``stats``; return the
+    manager's updates (the finished requests' frees, in schedule order) and the ids of
+    the requests that finished.
+
+    Every block the computed tokens fill was made visible when they were scheduled. A
+    request that computed all its tokens samples one: its first (TTFT) or the next (an
+    inter-token gap); its last finishes it, and that token is never computed, so it
+    never reaches the manager. The other generated tokens reach it with the allocation
+    that needs them (`EngineRequest.take_pending`).
+    """
+    finished: list[str] = []
+    updates: list[StepUpdate] = []
+    same_gap = 0  # requests that sampled last at `last`: one ITL count for all of them
+    last = -1.0
+    for request, num_new in scheduled.items():
+        computed = request.num_computed + num_new
+        request.num_computed = computed
+        if computed < request.num_tokens:  # a prefill chunk: nothing to sample yet
+            continue
+        first_token_s = request.first_token_s
+        if first_token_s is None:
+            request.first_token_s = first_token_s = now
+            stats.ttft_s.append(now - request.arrival_s)
+        elif request.last_token_s == last:
+            same_gap += 1
+        else:
+            if same_gap:
+                stats.record_itl(now - last, same_gap)
+            last = request.last_token_s
+            same_gap = 1
+        request.last_token_s = now
+        spec = request.spec
+        output_length = spec.output.length
+        request.num_output += 1
+        stats.generated_tokens += 1
+        if request.num_output < output_length:
+            request.num_tokens += 1
+            continue
+        updates.append(StepUpdate(request.request_id, [], -1, True))
+        request.finish_s = now
+        finished.append(request.request_id)
+        stats.completed += 1
+        stats.prompt_tokens += spec.input_length
+        stats.latency_s.append(now - request.arrival_s)
+        if output_length > 1:
+            stats.tpot_s.append((now - first_token_s) / (output_length - 1))
+        stats.requests.append(request.record(rank))
+    if same_gap:
+        stats.record_itl(now - last, same_gap)
+    return updates, finished
+
+
+def _advance_decodes(
+    running: list[EngineRequest], stats: EngineStats, taken: int, first_end: float, end: float
+) -> None:
+    """Move every running request ``taken`` decode steps on: the first ended at
+    ``first_end`` (its inter-token gap is each request's own), the last at ``end``."""
+    for request in running:
+        stats.record_itl(first_end - request.last_token_s)
+        request.num_output += taken
+        request.num_tokens += taken
+        request.num_computed += taken
+        request.last_token_s = end
+
+
+def apply_jump(
+    plan: DecodeJump,
+    results: list[StepAllocations],
+    running: list[EngineRequest],
+    stats: EngineStats,
+    active: int,
+    capacity: int,
+) -> list[tuple[float, list[KVEvent]]]:
+    """Apply a jump (`kvpool.engine.fast_forward.plan_jump`) whose allocations returned
+    ``results`` (none if it planned none), ``active`` blocks
+    before it of ``capacity``: the requests' blocks and counts, the stats and the
+    samples. Returns each step's events that are not empty with the clock at that
+    step's end, for the caller to publish as one batch each; the caller sets the clock
+    (``plan.clock``) and the active count (``plan.active``)."""
+    grown = active
+    for members, result in zip(plan.group_members, results, strict=True):
+        for index, allocation in zip(members, result.allocations, strict=True):
+            running[index].num_blocks += len(allocation.block_ids)
+            grown += len(allocation.block_ids)
+    if grown != plan.active:
+        raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
+    for request, num_sent in zip(running, plan.sent, strict=True):
+        request.num_sent = num_sent
+    n = len(running)
+    taken = plan.taken
+    stats.busy_s = plan.busy
+    stats.steps += taken
+    stats.decode_tokens += n * taken
+    stats.generated_tokens += n * taken
+    for gap, count in plan.gaps.items():
+        stats.record_itl(gap, count)
+    _advance_decodes(running, stats, taken, plan.first_end, plan.clock)
+    if not plan.groups or plan.group_steps[0]:
+        stats.record_sample(
+            plan.first_end, active / capacity, stats.prefix_query_tokens, stats.prefix_hit_tokens
+        )
+    batches: list[tuple[float, list[KVEvent]]] = []
+    for end, blocks, result in zip(plan.group_ends, plan.group_active, results, strict=True):
+        counters = result.stats
+        read_counters(stats, counters)
+        if close_batch(stats) and result.events:
+            batches.append((end, result.events))
+        stats.record_sample(
+            end, blocks / capacity, counters.prefix_query_tokens, counters.prefix_hit_tokens
+        )
+    return batches

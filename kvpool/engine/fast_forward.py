@@ -1,0 +1,199 @@
+"""The fast-forward planner: a run of pure decode steps taken in closed form.
+
+`plan_jump` plans the decode steps from now, across block boundaries or stopped before
+the first (`MockEngine.fast_forward` says when the engine may take them, and which);
+`kvpool.engine.execution.apply_jump` applies a plan once its allocations are made.
+setup.py compiles this module with mypyc.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from kvpool.engine.request import EngineRequest
+from kvpool.engine.timing import StepTiming
+from kvpool.engine.work import decode_work
+from kvpool.manager.types import SlotRequest
+from kvpool.workloads.tokens import segment_span
+
+
+def decode_growth(running: list[EngineRequest], block_size: int) -> int:
+    """How many tables grow in the next step if it is a pure decode step in which no
+    request samples its last token (each growth takes one fresh block); -1 if it is not
+    one. `plan_jump` across block boundaries plans no step exactly when this is -1 or
+    the growths do not fit, so a caller that may not jump for another reason asks this
+    first."""
+    grows = 0
+    for request in running:
+        tokens = request.num_tokens
+        if not request.is_decoding:
+            return -1
+        if request.spec.output.length - request.num_output - 1 <= 0:
+            return -1
+        if request.num_blocks * block_size - tokens + 1 == 0:
+            grows += 1
+    return grows
+
+
+class DecodeJump:
+    """A run of decode steps (`plan_jump`): how many steps, the clock, busy time and
+    inter-token gaps they add, and the allocations of the steps in which some request's
+    table grows or a block fills (none for a jump that stops before its first)."""
+
+    __slots__ = (
+        "active",
+        "busy",
+        "clock",
+        "first_end",
+        "gaps",
+        "group_active",
+        "group_ends",
+        "group_members",
+        "group_steps",
+        "groups",
+        "sent",
+        "taken",
+    )
+
+    def __init__(self, clock: float, active: int) -> None:
+        self.taken = 0
+        self.clock = clock
+        self.first_end = clock
+        self.busy = 0.0
+        self.active = active
+        """The pool's active blocks after the last step's allocations."""
+        self.gaps: dict[float, int] = {}
+        """Inter-token gaps of every step but the first (each request's own)."""
+        self.groups: list[list[SlotRequest]] = []
+        """One step's allocations each, for `KvClient.allocate_steps`."""
+        self.group_members: list[list[int]] = []
+        """The running indexes of each group's slots."""
+        self.group_steps: list[int] = []
+        """The step (0 first) of each group."""
+        self.group_ends: list[float] = []
+        """The clock at the end of each group's step."""
+        self.group_active: list[int] = []
+        """The active blocks after each group's step."""
+        self.sent: list[int] = []
+        """Each running request's ``num_sent`` once the groups are allocated."""
+
+
+def plan_jump(
+    running: list[EngineRequest],
+    block_size: int,
+    caching: bool,
+    clock: float,
+    until: float,
+    active: int,
+    capacity: int,
+    timing: StepTiming,
+    varies: bool,
+    busy: float,
+    max_steps: int,
+    cross_boundaries: bool,
+) -> DecodeJump:
+    """Plan the decode steps that start before ``until`` while every running request
+    decodes, none samples its last token, and every table that grows gets its block
+    (each growth takes one fresh block, which fits while ``active < capacity``: the
+    free and evictable blocks); without ``cross_boundaries``, also before the first
+    step in which a table grows or a block fills, so the jump makes no KV call. Across
+    block boundaries, the requests that reach one in a step are that step's
+    allocations, in running order,
+    each with the tokens generated since the manager last heard (``num_sent`` moves as
+    `EngineRequest.take_pending` would move it; the plan's ``sent``, which the caller
+    applies once the allocations are made). Each step's duration is the timing model's
+    for that step (``varies``: it reads the context; the active blocks change only at a
+    growth); at most ``max_steps`` steps. ``busy`` is the busy time so far: each step's
+    duration is added to it and to the clock one at a time, so both are bit for bit
+    those of single steps. Nothing else changes; taken 0 if the next step is not such a
+    step.
+    """
+    plan = DecodeJump(clock, active)
+    n = len(running)
+    steps_max = -1
+    context = 0
+    next_grow: list[int] = []
+    next_fill: list[int] = []
+    heap: list[tuple[int, int]] = []
+    never = 1 << 62
+    for index in range(n):
+        request = running[index]
+        tokens = request.num_tokens
+        if not request.is_decoding:
+            return plan  # a prefill chunk, or recomputing
+        left = request.spec.output.length - request.num_output - 1
+        if left <= 0:
+            return plan
+        if steps_max < 0 or left < steps_max:
+            steps_max = left
+        context += tokens
+        # step s computes token num_tokens + s - 1: the table grows once that passes its
+        # slots, and with caching a block fills when it ends one
+        grow = request.num_blocks * block_size - tokens + 1
+        fill = -tokens % block_size if caching else never
+        next_grow.append(grow)
+        next_fill.append(fill)
+        heap.append((min(grow, fill), index))
+    heapq.heapify(heap)
+    sent = [request.num_sent for request in running]
+    duration = timing.duration(decode_work(n, context, active, capacity, block_size))
+    gaps = plan.gaps
+    step = 0
+    if max_steps < steps_max:
+        steps_max = max_steps
+    while step < steps_max and clock < until:
+        members: list[int] = []
+        grows = 0
+        while heap and heap[0][0] == step:
+            index = heapq.heappop(heap)[1]
+            members.append(index)
+            if next_grow[index] == step:
+                grows += 1
+        if members and not cross_boundaries:
+            break  # the step changes a block: it makes a KV call
+        if grows and active + grows > capacity:
+            break  # a growth would not fit: the step preempts
+        slots: list[SlotRequest] = []
+        if members:
+            for index in members:
+                request = running[index]
+                target = request.num_tokens + step
+                told = target - request.spec.input_length
+                since = sent[index]
+                output = request.spec.output
+                new_tokens: Sequence[int] = (
+                    segment_span(output.seed, output.length, since, told) if since < told else []
+                )
+                sent[index] = told
+                slots.append(SlotRequest(request.request_id, target, new_tokens))
+                if next_grow[index] == step:
+                    next_grow[index] = step + block_size
+                if next_fill[index] == step:
+                    next_fill[index] = step + block_size
+                heapq.heappush(heap, (min(next_grow[index], next_fill[index]), index))
+            active += grows
+        if (varies and step) or grows:
+            work = decode_work(n, context + step * n, active, capacity, block_size)
+            duration = timing.duration(work)
+        start = clock
+        clock += duration
+        busy += duration
+        if step:
+            gap = clock - start
+            gaps[gap] = gaps.get(gap, 0) + n
+        else:
+            plan.first_end = clock
+        if members:
+            plan.groups.append(slots)
+            plan.group_members.append(members)
+            plan.group_steps.append(step)
+            plan.group_ends.append(clock)
+            plan.group_active.append(active)
+        step += 1
+    plan.taken = step
+    plan.sent = sent
+    plan.clock = clock
+    plan.busy = busy
+    plan.active = active
+    return plan
