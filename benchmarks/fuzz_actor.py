@@ -1,4 +1,4 @@
-"""Longer runs of the actor fuzzer (tests/actor_fuzz.py, which the suite runs briefly).
+"""Longer runs of the actor fuzzer (tests/support/actor_fuzz.py, which the suite runs briefly).
 
 Run:  python benchmarks/fuzz_actor.py                 (about a minute: 3 loops x 20 s)
       python benchmarks/fuzz_actor.py --seconds 600   (ten minutes per loop)

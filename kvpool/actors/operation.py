@@ -6,7 +6,7 @@ Structs, the state's method that handles it, the one that undoes an unread reply
 the flags the actor reads (gives back, waits, ordered; their meaning is `Handler`'s).
 `handler_table` binds the declarations to one state object, giving the table the actor
 runs (`kvpool.actors.actor.Actor`) and the inline transport calls
-(`kvpool.manager.client.InlineTransport`); tests/test_protocols.py checks each
+(`kvpool.manager.client.InlineTransport`); tests/messages/test_protocols.py checks each
 service's declarations against its message unions.
 
 Every service follows one layout: its Structs in a ``messages`` module (the pool's in

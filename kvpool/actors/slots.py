@@ -143,7 +143,7 @@ def asyncio_slots() -> SlotKind:
     ``checkpoint_if_cancelled`` costs 1.4-2 us on asyncio (a sniffio lookup and a
     WeakKeyDictionary lookup per call), more than a whole round trip to the actor. Each
     task's anyio state is kept in a plain dict until the task is done; the walk up its
-    scopes stops at a shield, as anyio's does (tests/test_actor_cancellation.py checks
+    scopes stops at a shield, as anyio's does (tests/actors/test_actor_cancellation.py checks
     the two agree, and anyio's ``current_effective_deadline`` is the fallback). Measured
     with benchmarks/bench_actor.py's round trip at 100 clients: 1.6 us a call on uvloop
     and 2.1 on asyncio, against 3.3 and 3.8 with the public answer (trio: 3.5 against

@@ -219,7 +219,7 @@ def sample_profile(
     prefix from its new tokens, and its decode reads the batch off the pool's active KV,
     which counts a block shared by several requests once. Stated tolerance of a
     simulation with the profile against one with `AicTiming` (checked by
-    ``tests/test_engine_aic.py`` on the embedded workload): simulated time, mean TTFT
+    ``tests/engine/test_engine_aic.py`` on the embedded workload): simulated time, mean TTFT
     and mean ITL within 3% when no block is shared (prefix caching off); with shared
     prefixes simulated time within 1% and mean ITL within 10% (smaller batches seen),
     mean TTFT within 30% (it is mostly queueing, which amplifies the ITL's error).

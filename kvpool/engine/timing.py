@@ -372,7 +372,7 @@ class AicTiming:
     the bucket's edges ``W * (c // W)`` and ``W * (c // W + 1)`` (exact at the edges).
     Measured against exact queries (Qwen3-8B, Qwen3-30B-A3B, gpt-oss-20b on h200_sxm,
     batch 1-256, contexts 256-33,000): at most 0.2% off with W = 64 (the default), 0.08%
-    with W = 16; ``tests/test_engine_aic.py`` checks the 0.5% bound this class states.
+    with W = 16; ``tests/engine/test_engine_aic.py`` checks the 0.5% bound this class states.
     W = 1 asks every context exactly (still cached).
     """
 

@@ -1,7 +1,7 @@
 """Router-visible KV events as msgspec Structs that encode exactly like vLLM's.
 
 Schema source: vLLM 0.33.0's ``vllm/distributed/kv_events.py`` (restated field by field
-in ``tests/test_events_wire.py``), which carries vllm-project/vllm#42892 (merged
+in ``tests/events/test_events_wire.py``), which carries vllm-project/vllm#42892 (merged
 2026-06-09): ``EventBatch`` is ``array_like`` (a positional
 msgpack array ``[ts, events, data_parallel_rank]``) while ``KVCacheEvent`` is *not*: each
 event is a msgpack map whose first key is ``"type"`` (msgspec ``tag=True``: the class

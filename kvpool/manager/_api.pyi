@@ -1,7 +1,7 @@
 # The precise public signatures of the compiled KvManager (kvpool/manager/kv_manager.py).
 # The implementation types its validated parameters `object`, as the pool core does (see
 # kvpool/pool/block_pool.py), so that a wrong type reaches its own validation; type
-# checkers read this. tests/test_pool_api.py keeps the two in step.
+# checkers read this. tests/pool/test_pool_api.py keeps the two in step.
 
 from collections.abc import Iterator, Sequence
 

@@ -1,7 +1,7 @@
 # The precise public signatures of the compiled BlockPool (kvpool/pool/block_pool.py).
 # The implementation types its parameters `object` so that a wrong type reaches its own
 # validation (a kvpool error) instead of mypyc's bare TypeError; type checkers read this.
-# tests/test_pool_api.py keeps the two in step.
+# tests/pool/test_pool_api.py keeps the two in step.
 
 from collections.abc import Sequence
 

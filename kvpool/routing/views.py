@@ -8,7 +8,7 @@ what Dynamo's radix-tree indexer (``find_matches``) returns walking from the roo
 kvpool's engines name cached blocks by exactly these hashes when KV events are on (the
 manager's `kvpool.hashing.BlockHasher`), so `EventView` indexes a BlockStored's
 ``block_hashes`` as they come; re-hashing its ``token_ids`` gives the same numbers
-(``tests/test_routing_views.py`` checks it).
+(``tests/routing/test_routing_views.py`` checks it).
 """
 
 from __future__ import annotations
