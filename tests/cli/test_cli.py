@@ -20,29 +20,15 @@ from typing import Any
 
 import msgspec
 import pytest
+from cli_runs import ROOT, kvpool
 
 from kvpool import cli
 from kvpool.events import decode_batch
 from kvpool.flags.engine import engine_config
 from kvpool.workloads import SyntheticWorkload, read_mooncake_trace
 
-ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_TRACE = ROOT / "kvpool" / "data" / "sample_trace.jsonl"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def kvpool(*args: str, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m kvpool ARGS`` with this interpreter; capture text output."""
-    kwargs.setdefault("stdout", subprocess.PIPE)
-    kwargs.setdefault("stderr", subprocess.PIPE)
-    return subprocess.run(
-        [sys.executable, "-m", "kvpool", *args],
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=ROOT,
-        **kwargs,
-    )
 
 
 def check_consistent(report: dict[str, Any], submitted: int, workers: int) -> None:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from test_cli import ROOT, kvpool
+from cli_runs import ROOT, kvpool
 
 EXAMPLES = ROOT / "examples"
 
