@@ -1,31 +1,23 @@
 """Several engines in one process, fed a workload in simulated time.
 
-A discrete-event loop: the busy engine with the earliest clock steps next (ties by rank),
-and a request is dispatched once every busy engine's clock has reached its arrival, so
-what a dispatcher sees at an arrival is the cluster at that simulated instant. An idle
-engine's clock jumps to the next request it is given. With ``speedup_ratio > 0`` the loop
-sleeps so that simulated time runs ``speedup_ratio`` times faster than the wall clock;
-with 0 (the default) it never sleeps.
-
-Fast-forward (``fast_forward``, the default): before stepping an engine the loop asks it
-to jump over the steps that only decode (`MockEngine.fast_forward`) and that start before
-the next arrival; such steps touch nothing another engine or the dispatcher sees (the
-last may admit, and finish, a request, which the loop counts as after a step), so the
-run is identical to stepping one step at a time, only faster. A paced run does not let
-a jump cross block boundaries, so that no event batch is published before its time.
+The discrete-event loop is `kvpool.engine.loop.EngineLoop`, serve's too (its docstring
+states the stepping, dispatch and fast-forward rules): this class is its source
+(`Arrivals`, by simulated time: open loop, closed loop, sessions) and its step hook
+(settling finished requests with the arrivals and the dispatcher, progress). Lockstep
+ranks (``lockstep``) step together and have a loop of their own here, submitting through
+`EngineLoop.submit`. With ``speedup_ratio > 0`` the run sleeps so that simulated time
+runs ``speedup_ratio`` times faster than the wall clock (`WallPacer`); with 0 (the
+default) it never sleeps. A paced run does not let a jump cross block boundaries, so
+that no event batch is published before its time.
 
 Dispatch: ``least-loaded`` (default), ``round-robin`` or a `kvpool.routing.DispatchPolicy`
 (Dynamo's KV router, llm-d's scheduler, a user's), run through `kvpool.engine.dispatch`.
-
-The busy engines wait in a heap keyed by (clock, rank), so choosing the next to step
-costs O(log busy) whatever the number of workers, and least-loaded dispatch reads a heap
-of loads the same way; requests are pulled from their iterable one at a time, so a
-streamed trace is never held whole.
+Requests are pulled from their iterable one at a time, so a streamed trace is never held
+whole.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -34,7 +26,8 @@ from itertools import pairwise
 from kvpool.engine.arrivals import Arrivals
 from kvpool.engine.clock import WallPacer
 from kvpool.engine.dispatch import Dispatch, RoutedDispatch, bind, make_policy
-from kvpool.engine.engine import MockEngine
+from kvpool.engine.engine import MockEngine, StepResult
+from kvpool.engine.loop import EngineLoop
 from kvpool.errors import InvalidArgumentError
 from kvpool.routing import DispatchPolicy
 from kvpool.workloads import RequestSpec
@@ -115,6 +108,8 @@ class Simulation:
         self.unstarted = 0
         # each engine's records already passed to `arrivals.settled` (set by `run`)
         self._seen: list[int] = []
+        self._settled = 0  # requests finished or rejected (for ``on_progress``)
+        self._pacer = WallPacer(speedup_ratio)  # the running loop's (set by `run`)
 
     async def run(self) -> float:
         """Dispatch and step until every request has finished or been rejected (or the
@@ -123,81 +118,63 @@ class Simulation:
         Returns the wall-clock seconds it took (also kept in ``wall_s``). Cancellation
         stops it between two engine calls; the engines keep their partial state.
         """
+        pacer = WallPacer(self.speedup_ratio)  # simulated 0 is now
         if self.lockstep:
-            pacer = WallPacer(self.speedup_ratio)
             await self._run_lockstep(pacer)
-            if self.max_sim_time_s is not None:
-                await self._cut()
-            self.wall_s = time.perf_counter() - pacer.start_s
-            return self.wall_s
-        engines = self.engines
-        arrivals = self.arrivals
-        total = arrivals.total
-        report = self.on_progress
-        speedup = self.speedup_ratio
-        fast_forward = self.fast_forward
-        cutoff = math.inf if self.max_sim_time_s is None else self.max_sim_time_s
-        settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
-        self._seen = [len(engine.stats.requests) for engine in engines]
-        # (clock, rank, index) of each busy engine, earliest first. A busy engine's clock
-        # moves only when it steps (advance_to leaves it alone), and it is off the heap
-        # while it steps, so every key on the heap is its engine's current clock.
-        busy = [(e.clock, e.rank, i) for i, e in enumerate(engines) if e.has_work]
-        heapq.heapify(busy)
-        queued = [False] * len(engines)  # on the heap (busy)
-        for _, _, index in busy:
-            queued[index] = True
-        pacer = WallPacer(speedup)  # simulated 0 is now
-        while True:
-            when = arrivals.peek()
-            if when is not None and when < cutoff and (not busy or when <= busy[0][0]):
-                spec, when = arrivals.pop()
-                if speedup > 0:
-                    await pacer.sleep_until(when)
-                given = await self._submit(spec, when)
-                if given is None:
-                    settled += 1
-                    if report is not None:
-                        report(settled, total, when)
-                    continue
-                if not queued[given]:
-                    engine = engines[given]
-                    heapq.heappush(busy, (engine.clock, engine.rank, given))
-                    queued[given] = True
-                continue
-            if not busy or busy[0][0] >= cutoff:
-                break
-            _, _, index = heapq.heappop(busy)
-            engine = engines[index]
-            completed = engine.stats.completed
-            # A step is taken only if it starts before the next arrival (ties: the
-            # arrival first), so a jump may cover only such steps. (A jump's last step
-            # may admit a request, which may finish in it.) While a request that
-            # settles may release another (closed loop, a session's next turn), no
-            # jump may pass another busy engine's clock either: its next step may end
-            # with such a release.
-            until = cutoff if when is None else min(when, cutoff)
-            if busy and arrivals.reactive:
-                until = min(until, busy[0][0])
-            if not (
-                fast_forward and await engine.fast_forward(until, cross_boundaries=not speedup)
-            ):
-                await engine.step()
-            if engine.stats.completed != completed:
-                settled += engine.stats.completed - completed
-                self._settle(index, engine.clock)
-            if engine.has_work:
-                heapq.heappush(busy, (engine.clock, engine.rank, index))
-            else:
-                queued[index] = False
-            if speedup > 0:
-                await pacer.sleep_until(engine.clock)
-            if report is not None:
-                report(settled, total, engine.clock)
+        else:
+            await self._run_loop(pacer)
         if self.max_sim_time_s is not None:
             await self._cut()
         self.wall_s = time.perf_counter() - pacer.start_s
         return self.wall_s
+
+    async def _run_loop(self, pacer: WallPacer) -> None:
+        """`run` on the shared `EngineLoop`, the `Arrivals` its source."""
+        engines = self.engines
+        self._settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
+        self._seen = [len(engine.stats.requests) for engine in engines]
+        paced = pacer.paced
+        loop = EngineLoop(
+            engines,
+            self.dispatcher,
+            fast_forward=self.fast_forward,
+            cross_boundaries=not paced,
+            cutoff=math.inf if self.max_sim_time_s is None else self.max_sim_time_s,
+            pace=pacer.sleep_until if paced else None,
+        )
+        self._pacer = pacer
+        await loop.run(self, self._stepped)
+
+    # ------------------------------------------------- the loop's source and hook
+
+    @property
+    def reactive(self) -> bool:
+        """Whether a settled request may release another (`Arrivals.reactive`)."""
+        return self.arrivals.reactive
+
+    def next_arrival(self) -> float | None:
+        """When the next request arrives, None if none is known now."""
+        return self.arrivals.peek()
+
+    async def take(self, loop: EngineLoop) -> None:
+        """Send the next request (due: every busy engine reached its arrival)."""
+        spec, when = self.arrivals.pop()
+        if self._pacer.paced:
+            await self._pacer.sleep_until(when)
+        index, accepted = await loop.submit(spec, when)
+        if not accepted:
+            self._seen[index] += 1  # its rejection record
+            self.arrivals.settled(spec.request_id, when)
+            self._settled += 1
+            if self.on_progress is not None:
+                self.on_progress(self._settled, self.arrivals.total, when)
+
+    async def _stepped(self, index: int, engine: MockEngine, result: StepResult | None) -> None:
+        """After a step: settle what it finished, report progress."""
+        if len(engine.stats.requests) != self._seen[index]:
+            self._settled += self._settle(index, engine.clock)
+        if self.on_progress is not None:
+            self.on_progress(self._settled, self.arrivals.total, engine.clock)
 
     async def _run_lockstep(self, pacer: WallPacer) -> None:
         """`run` with the engines in lockstep (see the class docstring)."""
@@ -209,6 +186,7 @@ class Simulation:
         cutoff = math.inf if self.max_sim_time_s is None else self.max_sim_time_s
         settled = sum(engine.stats.completed + engine.stats.rejected for engine in engines)
         seen = self._seen = [len(engine.stats.requests) for engine in engines]
+        submitter = EngineLoop(engines, self.dispatcher)  # its dispatch; the steps are here
         clock = max(engine.clock for engine in engines)
         for engine in engines:
             engine.advance_to(clock)
@@ -223,7 +201,10 @@ class Simulation:
                         engine.advance_to(clock)
                 if speedup > 0:
                     await pacer.sleep_until(when)
-                if await self._submit(spec, when) is None:
+                index, accepted = await submitter.submit(spec, when)
+                if not accepted:
+                    seen[index] += 1  # its rejection record
+                    arrivals.settled(spec.request_id, when)
                     settled += 1
                     if report is not None:
                         report(settled, total, when)
@@ -245,22 +226,6 @@ class Simulation:
                 await pacer.sleep_until(clock)
             if report is not None:
                 report(settled, total, clock)
-
-    async def _submit(self, spec: RequestSpec, when: float) -> int | None:
-        """Send ``spec``, arriving at ``when``, to the engine the dispatcher chooses (an
-        idle one's clock jumps to ``when``); return its index, or None if the engine
-        rejected it (then settled: the arrivals and the dispatcher are told)."""
-        dispatcher = self.dispatcher
-        index = dispatcher.choose(spec, when)
-        engine = self.engines[index]
-        engine.advance_to(when)
-        if not await engine.submit(spec, when):
-            self._seen[index] += 1  # its rejection record
-            self.arrivals.settled(spec.request_id, when)
-            dispatcher.settled(index, spec.request_id, when)
-            return None
-        dispatcher.changed(index)
-        return index
 
     def _settle(self, index: int, clock: float) -> int:
         """Tell the arrivals and the dispatcher of engine ``index``'s requests that

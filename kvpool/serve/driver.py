@@ -1,7 +1,11 @@
 """One engine per data-parallel rank, owned by one task: the `EngineDriver`.
 
-The driver's task is the only code that touches its `MockEngine` (and, through it, the
-rank's KV manager actor). HTTP handlers reach it through an anyio memory object stream
+The driver's task runs the rank's `kvpool.engine.loop.EngineLoop`, the loop
+``kvpool simulate`` runs too, over one engine (vLLM runs an engine core per
+data-parallel rank, and a rank waiting on its KV actor must not stall the others); the
+driver is that loop's source (the live intake below) and its step hook (outputs to
+outboxes, then the gauges). The task is the only code that touches its `MockEngine`
+(and, through it, the rank's KV manager actor). HTTP handlers reach it through an anyio memory object stream
 of `Submit` and `Abort` messages (and a shutdown's `AbortAll`); each request gets its
 tokens back through its own `Outbox` of `Output`. Both are unbounded, so a handler never
 blocks on the engine and the engine never blocks on a slow client (a request's output is
@@ -39,6 +43,8 @@ from kvpool.actors.slots import SlotKind, current_slots
 from kvpool.engine import EngineConfig, MockEngine, StepResult, open_actor_kv
 from kvpool.engine.admission import rejection_reason
 from kvpool.engine.clock import WallPacer
+from kvpool.engine.dispatch import bind, make_policy
+from kvpool.engine.loop import EngineLoop
 from kvpool.events import EventSink
 from kvpool.serve.metrics import RankMetrics, ServeMetrics
 from kvpool.serve.outbox import Outbox
@@ -141,6 +147,8 @@ class EngineDriver:
         self._seen = (0, 0, 0, 0)  # preemptions, queries, hits, generated: last reported
         self._slots: SlotKind | None = None  # the loop's wake-up path, for the outboxes
         self._stopped: set[str] = set()  # requests their clients stopped (`stop`)
+        self._open = True  # the intake stream has not ended
+        self._engine_loop: EngineLoop  # set by `run`, before any message is handled
 
     # ------------------------------------------------------------ handler side
 
@@ -209,46 +217,70 @@ class EngineDriver:
             yield engine
 
     async def _loop(self, engine: MockEngine) -> None:
-        receive = self._receive
-        open_ = True
-        while open_ or engine.has_work:
-            handled = False
-            if not engine.has_work:
-                try:
-                    await self._handle(engine, await receive.receive())
-                    handled = True
-                except anyio.EndOfStream:
-                    open_ = False
-                    continue
-            while open_:  # everything that arrived meanwhile, without waiting
-                try:
-                    message = receive.receive_nowait()
-                except anyio.WouldBlock:
-                    break
-                except anyio.EndOfStream:
-                    open_ = False
-                    break
-                await self._handle(engine, message)
-                handled = True
-            if handled:
-                # the messages changed the queues (an abort, the pool too): report the
-                # engine as it now stands, not at a step that may be far off (or never
-                # come: an engine its clients all left is idle)
-                self._report(engine)
-            if not engine.has_work:
-                continue
-            result = await engine.step()
-            await self._pace(engine.clock)
-            await self._deliver(engine, result)
-            self._report(engine)
+        """The rank's `EngineLoop` (N = 1), this driver its source and step hook."""
+        # one engine: the cycle over one (it needs no load updates); the choice between
+        # ranks is `ServeState.choose`'s
+        dispatcher = bind(make_policy("round-robin"), [engine])
+        self._engine_loop = EngineLoop([engine], dispatcher, pace=self._pace)
+        await self._engine_loop.run(self, self._stepped)
 
-    async def _handle(self, engine: MockEngine, message: _Message) -> None:
+    # ----------------------------------------- the loop's source (the live intake)
+
+    @property
+    def reactive(self) -> bool:
+        """A settled request never releases another here: clients send what they send."""
+        return False
+
+    def next_arrival(self) -> float | None:
+        """Due at once (``-inf``) while a message waits, or while the engine is idle and
+        the stream is open (`take` then waits for one); None otherwise: step first."""
+        if not self._open:
+            return None
+        engine = self._engine_loop.engines[0]
+        if not engine.has_work or self._receive.statistics().current_buffer_used:
+            return -math.inf
+        return None
+
+    async def take(self, loop: EngineLoop) -> None:
+        """Handle the messages that arrived (waiting for one if the engine is idle),
+        then report the engine as it now stands: the messages changed the queues (an
+        abort, the pool too), and the next step may be far off (or never come: an
+        engine its clients all left is idle)."""
+        receive = self._receive
+        handled = False
+        if not loop.engines[0].has_work:
+            try:
+                await self._handle(await receive.receive())
+                handled = True
+            except anyio.EndOfStream:
+                self._open = False
+                return
+        while self._open:  # everything that arrived meanwhile, without waiting
+            try:
+                message = receive.receive_nowait()
+            except anyio.WouldBlock:
+                break
+            except anyio.EndOfStream:
+                self._open = False
+                break
+            await self._handle(message)
+            handled = True
+        if handled:
+            self._report(loop.engines[0])
+
+    async def _stepped(self, index: int, engine: MockEngine, result: StepResult | None) -> None:
+        """The step hook: the step's outputs to their outboxes, then the gauges."""
+        assert result is not None  # serve never fast-forwards
+        await self._deliver(engine, result)
+        self._report(engine)
+
+    async def _handle(self, message: _Message) -> None:
         if isinstance(message, Abort):
-            await self._abort(engine, message.request_id)
+            await self._abort(message.request_id)
             return
         if isinstance(message, AbortAll):
             for request_id in list(self._live):
-                await self._abort(engine, request_id)
+                await self._abort(request_id)
                 self.shutdown_aborted += 1
                 if self.metrics is not None:
                     self.metrics.success.labels(
@@ -258,10 +290,12 @@ class EngineDriver:
         spec, reply = message.spec, message.reply
         paced = self.speedup_ratio > 0
         now = self.pacer.now(message.sent_at) if paced else None
-        if now is not None:
-            engine.advance_to(now)  # an idle engine's clock catches up with the wall
+        loop = self._engine_loop
+        engine = loop.engines[0]
+        # an idle engine's clock catches up with the wall first (`EngineLoop.submit`)
+        _, accepted = await loop.submit(spec, now)
         arrival = engine.clock if now is None else min(now, engine.clock)  # as submit's
-        if not await engine.submit(spec, now):
+        if not accepted:
             reason = rejection_reason(self.config, spec) or "rejected"
             reply.put(Output([], 0, True, reason))
             reply.end()
@@ -269,7 +303,7 @@ class EngineDriver:
             return
         self._live[spec.request_id] = _Live(spec, arrival, reply)
 
-    async def _abort(self, engine: MockEngine, request_id: str) -> None:
+    async def _abort(self, request_id: str) -> None:
         live = self._live.pop(request_id, None)
         stopped = request_id in self._stopped
         self._stopped.discard(request_id)
@@ -286,7 +320,7 @@ class EngineDriver:
                 reason="stop",
             )
         live.reply.end()
-        await engine.abort(request_id)
+        await self._engine_loop.abort(0, request_id)
         self.outstanding -= 1
 
     async def _pace(self, clock: float) -> None:
@@ -371,7 +405,7 @@ class EngineDriver:
         if metrics is not None and iteration:
             metrics.iteration_tokens.observe(iteration)
         for request_id in gone:
-            await self._abort(engine, request_id)
+            await self._abort(request_id)
 
     def _report(self, engine: MockEngine) -> None:
         """Update the rank's gauges and counters from the engine as it stands now (it is
