@@ -5,11 +5,11 @@ The driver's task runs the rank's `kvpool.engine.loop.EngineLoop`, the loop
 data-parallel rank, and a rank waiting on its KV actor must not stall the others); the
 driver is that loop's source (the live intake below) and its step hook (outputs to
 outboxes, then the gauges). The task is the only code that touches its `MockEngine`
-(and, through it, the rank's KV manager actor). HTTP handlers reach it through an anyio memory object stream
-of `Submit` and `Abort` messages (and a shutdown's `AbortAll`); each request gets its
-tokens back through its own `Outbox` of `Output`. Both are unbounded, so a handler never
-blocks on the engine and the engine never blocks on a slow client (a request's output is
-bounded by its ``max_tokens``).
+(and, through it, the rank's KV manager actor). HTTP handlers reach it through an
+anyio memory object stream of `Submit` and `Abort` messages (and a shutdown's
+`AbortAll`); each request gets its tokens back through its own `Outbox` of `Output`.
+Both are unbounded, so a handler never blocks on the engine and the engine never blocks
+on a slow client (a request's output is bounded by its ``max_tokens``).
 
 Timing: with ``speedup_ratio`` R > 0, simulated time runs R times wall time from the
 moment the driver starts; after each step the driver sleeps until the wall clock
