@@ -201,6 +201,17 @@ def bench(label: str, path: Path, blocks: int, dynamo: bool) -> None:
     acceptance(kv, rows[0], dynamo_rows[-1] if len(dynamo_rows) == 2 else None)
 
 
+def _plain(path: Path, workdir: Path) -> Path:
+    """``path`` itself, or for a ``.gz`` trace a plain copy in ``workdir`` (Dynamo's
+    replay, and the reuse figures' row count, read plain JSONL)."""
+    if path.suffix != ".gz":
+        return path
+    plain = workdir / path.with_suffix("").name
+    with gzip.open(path, "rb") as source, plain.open("wb") as target:
+        shutil.copyfileobj(source, target)
+    return plain
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, help="only this Mooncake-format trace")
@@ -212,11 +223,11 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "examples"))  # the plug-in example
     warnings.simplefilter("ignore", TraceWarning)  # the generator's short first blocks
     dynamo = not args.no_dynamo
-    if args.trace is not None:
-        bench("trace", args.trace, args.num_gpu_blocks, dynamo)
-        return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
+        if args.trace is not None:
+            bench("trace", _plain(args.trace, workdir), args.num_gpu_blocks, dynamo)
+            return
         if args.multiturn is not None or GENERATOR.is_file():
             path = multiturn_trace(args.multiturn, workdir)
             assert path is not None
@@ -224,10 +235,7 @@ def main() -> None:
         else:
             print(f"multi-turn trace: skipped, no generator at {GENERATOR}")
         if args.mooncake.is_file():
-            plain = workdir / "mooncake.jsonl"  # Dynamo's replay reads plain JSONL
-            opener = gzip.open if args.mooncake.suffix == ".gz" else open
-            with opener(args.mooncake, "rb") as source, plain.open("wb") as target:
-                shutil.copyfileobj(source, target)
+            plain = _plain(args.mooncake, workdir)
             bench("Mooncake conversation trace", plain, 131072, dynamo)
         else:
             print(f"Mooncake trace: skipped, no {args.mooncake}")
