@@ -109,7 +109,7 @@ class Simulation:
         # each engine's records already passed to `arrivals.settled` (set by `run`)
         self._seen: list[int] = []
         self._settled = 0  # requests finished or rejected (for ``on_progress``)
-        self._pacer = WallPacer(speedup_ratio)  # the running loop's (set by `run`)
+        self._pacer = WallPacer(speedup_ratio)  # the current run's (`run` starts a new one)
 
     async def run(self) -> float:
         """Dispatch and step until every request has finished or been rejected (or the
@@ -118,7 +118,7 @@ class Simulation:
         Returns the wall-clock seconds it took (also kept in ``wall_s``). Cancellation
         stops it between two engine calls; the engines keep their partial state.
         """
-        pacer = WallPacer(self.speedup_ratio)  # simulated 0 is now
+        pacer = self._pacer = WallPacer(self.speedup_ratio)  # simulated 0 is now
         if self.lockstep:
             await self._run_lockstep(pacer)
         else:
@@ -142,7 +142,6 @@ class Simulation:
             cutoff=math.inf if self.max_sim_time_s is None else self.max_sim_time_s,
             pace=pacer.sleep_until if paced else None,
         )
-        self._pacer = pacer
         await loop.run(self, self._stepped)
 
     # ------------------------------------------------- the loop's source and hook
