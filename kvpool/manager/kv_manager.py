@@ -78,6 +78,8 @@ from kvpool.manager.validation import (
 )
 from kvpool.pool import BlockId, BlockPool
 
+_NO_PREFIX: list[int] = []  # never changed: the chain of an allocation that reuses nothing
+
 
 class KvManager:
     """Per-request block tables over one `BlockPool`, emitting router-visible KV events.
@@ -469,22 +471,21 @@ class KvManager:
             if cache:
                 self._advance(state, num_tokens)
             return Allocation([], 0, [])
-        prefix = [] if table else self._prefix_of(state)
-        needed = max(len(prefix), needed)
-        fresh = needed - len(table) - len(prefix)
-        if fresh <= 0 and not prefix:  # an empty table asked for 0 tokens: nothing to do
-            return Allocation([], 0, [])
-
-        # One pool call: the prefix (resident: looked up in this same call) referenced,
-        # then `fresh` private copies, evicting as reserve-then-allocate would.
-        admission = self._pool.admit(prefix, fresh)
+        # One pool call: a first allocation's reused prefix (walked in this same call up
+        # to its first miss, leaving the last token to compute: vLLM's ``num_tokens - 1``
+        # cap) referenced, then private copies up to the blocks the count needs,
+        # evicting as reserve-then-allocate would. A later allocation adds fresh ones.
+        if table:
+            admission = self._pool.admit(_NO_PREFIX, needed - len(table))
+        else:
+            chain = _NO_PREFIX
+            if self._caching and state.num_tokens:
+                chain = state.hashes[: (state.num_tokens - 1) // self._block_size]
+            if not needed and (not chain or not self._pool.match_prefix(chain)[0]):
+                return Allocation([], 0, [])  # an empty table asked for 0 tokens, no prefix
+            admission = self._pool.admit(chain, blocks=needed)
         if admission is None:
             return None
-        if admission.cached != len(prefix):
-            raise InvariantViolationError(
-                f"a prefix of {len(prefix)} blocks looked up in this call had "
-                f"{admission.cached} resident"
-            )
         removed = admission.removed
         if removed:
             self._num_events += 1
@@ -492,18 +493,19 @@ class KvManager:
                 self._events.append(BlockRemoved(block_hashes=list(removed), medium=self._medium))
         new_ids = admission.blocks
 
-        if prefix:
+        reused = admission.cached
+        if reused:
             self._reuses += 1
         if not table:
             if self._caching:  # as vLLM, no prefix-cache stats without a prefix cache
                 self._query_tokens += state.num_tokens
-                self._hit_tokens += len(prefix) * self._block_size
-            state.computed = len(prefix) * self._block_size
-            state.visible = len(prefix)
+                self._hit_tokens += reused * self._block_size
+            state.computed = reused * self._block_size
+            state.visible = reused
         table.extend(new_ids)
         if cache:
             self._advance(state, num_tokens)
-        return Allocation(new_ids, len(prefix), removed)
+        return Allocation(new_ids, reused, removed)
 
     def undo_allocation(self, request_id: object, allocation: Allocation) -> bool:
         """Give back what `allocate` added, leaf first: the hook for a caller that never
@@ -732,14 +734,6 @@ class KvManager:
             f"request {request_id!r} is not registered (never added, or already freed)"
         )
 
-    def _prefix_of(self, state: RequestState) -> list[int]:
-        """The resident prefix a first allocation reuses: hits until the first miss,
-        leaving at least the last token to compute (vLLM's ``num_tokens - 1`` cap)."""
-        if not self._caching or not state.num_tokens:
-            return []
-        cached, _ = self._pool.match_prefix(state.hashes, self._prefix_limit(state))
-        return state.hashes[:cached]
-
     def _prefix_limit(self, state: RequestState) -> int:
         """At most this many leading blocks are reused: the last token is always computed."""
         return (state.num_tokens - 1) // self._block_size
@@ -766,7 +760,7 @@ class KvManager:
             if self._pool.cache_private(table[start], hashes[start]):
                 self._stored(state, start, stop)
             return
-        first = self._pool.cache_many(list(zip(table[start:stop], hashes[start:stop], strict=True)))
+        first = self._pool.cache_chain(table[start:stop], hashes[start:stop])
         run_start = -1
         for i, new in enumerate(first, start):
             if new:

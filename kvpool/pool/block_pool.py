@@ -102,7 +102,10 @@ class BlockPool:
         if type(capacity) is not int or not 1 <= capacity < _MAX_CAPACITY:
             raise InvalidArgumentError(f"capacity must be an int in [1, 2**32), got {capacity!r}")
         self._capacity: int = capacity
-        self._free: list[int] = []  # empty slots, reused LIFO
+        # The copies that left the pool, each still naming its empty slot (``id &
+        # _SLOT_MASK``), reused LIFO: a new copy takes one over with a fresh id, so a
+        # block costs no allocation once the pool has held as many at once.
+        self._free: list[Copy] = []
         # Hashes travel as the caller's int objects (typed object): narrowing one to int
         # would make the compiled code unbox it and box a fresh copy for every store.
         self._by_hash: dict[object, Copy] = {}
@@ -230,7 +233,7 @@ class BlockPool:
             return None
         return ReserveOutcome(Reservation(self, hits, fresh), cast("list[int]", removed))
 
-    def admit(self, chain: object, extra: object = 0) -> Admission | None:
+    def admit(self, chain: object, extra: object = 0, *, blocks: object = None) -> Admission | None:
         """One request's blocks in one call: reference the longest resident prefix of
         ``chain`` (up to the first miss) and allocate private copies for the rest of the
         chain plus ``extra`` more.
@@ -240,9 +243,23 @@ class BlockPool:
         between. Returns None, changing nothing, when it does not fit; raises
         `InvalidHashError` for any malformed hash in ``chain`` and `CapacityError` for a
         chain that could not fit even in an empty pool.
+
+        With ``blocks`` (an int >= 0; ``extra`` must then be 0) the fresh copies are
+        counted from the prefix found instead: the result holds ``max(hits, blocks)``
+        blocks, the hits then fresh ones, and the chain past its first miss is never
+        read (as `match_prefix`: only a malformed hash up to the first miss raises). A
+        request's first allocation is one walk of its prefix this way, not a
+        `match_prefix` to count the fresh blocks and a second walk here.
         """
         hashes = chain if type(chain) is list else _as_list(chain, "chain")
         size = len(hashes)
+        wanted = -1  # no ``blocks``: fresh copies for the chain's misses plus ``extra``
+        if blocks is not None:
+            if type(blocks) is not int or blocks < 0:
+                raise InvalidArgumentError(f"blocks must be an int >= 0 or None, got {blocks!r}")
+            if extra != 0:
+                raise InvalidArgumentError(f"extra must be 0 with blocks, got {extra!r}")
+            wanted = blocks
         hits: list[Copy] = []
         active = 0
         for block_hash in hashes:
@@ -252,18 +269,23 @@ class BlockPool:
             hits.append(copy)
             if copy.holds:
                 active += 1
-        # _resident checked the hashes up to the first miss, the miss included.
-        for index in range(len(hits) + 1, size):
-            if not _is_hash(hashes[index]):
-                _bad_hash(hashes[index])
-        if type(extra) is not int or extra < 0:
-            raise InvalidArgumentError(f"extra must be an int >= 0, got {extra!r}")
-        if size + extra > self._capacity:
-            raise CapacityError(
-                f"a chain of {size} blocks plus {extra} extra can never fit "
-                f"in a pool of {self._capacity}"
-            )
-        fresh = size - len(hits) + extra
+        if wanted < 0:
+            # _resident checked the hashes up to the first miss, the miss included.
+            for index in range(len(hits) + 1, size):
+                if not _is_hash(hashes[index]):
+                    _bad_hash(hashes[index])
+            if type(extra) is not int or extra < 0:
+                raise InvalidArgumentError(f"extra must be an int >= 0, got {extra!r}")
+            if size + extra > self._capacity:
+                raise CapacityError(
+                    f"a chain of {size} blocks plus {extra} extra can never fit "
+                    f"in a pool of {self._capacity}"
+                )
+            fresh = size - len(hits) + extra
+        else:
+            if wanted > self._capacity:
+                raise CapacityError(f"{wanted} blocks can never fit in a pool of {self._capacity}")
+            fresh = max(wanted - len(hits), 0)
         removed = self._pin_and_reserve(hits, fresh)
         if removed is None:
             return None
@@ -340,21 +362,46 @@ class BlockPool:
             for pair in items:
                 if (type(pair) is not tuple and type(pair) is not list) or len(pair) != 2:
                     raise InvalidArgumentError(f"expected a (block_id, hash) pair, got {pair!r}")
-                copy = self._live(pair[0])
-                if copy.hash is not None:
-                    if copy.hash is _CLAIMED:
-                        raise AlreadyCachedError(f"block {copy.id} appears twice in one batch")
-                    _already_cached(copy)
-                if not _is_hash(pair[1]):
-                    _bad_hash(pair[1])
-                copy.hash = _CLAIMED  # so that a second mention of the copy is refused
-                copies.append(copy)
+                copies.append(self._claim(pair[0], pair[1]))
                 hashes.append(pair[1])
         except PoolError:
             for copy in copies:
                 copy.hash = None
             raise
         return [self._cache(copies[i], hashes[i]) for i in range(len(copies))]
+
+    def cache_chain(self, block_ids: object, hashes: object) -> list[bool]:
+        """`cache_many` of the pairs ``zip(block_ids, hashes)``, given as two sequences of
+        one length (a table's blocks and their hashes, with no pair built): all or
+        nothing, the same checks in the same order, the same flags."""
+        ids = block_ids if type(block_ids) is list else _as_list(block_ids, "block_ids")
+        keys = hashes if type(hashes) is list else _as_list(hashes, "hashes")
+        if len(ids) != len(keys):
+            raise InvalidArgumentError(
+                f"{len(ids)} block ids and {len(keys)} hashes: one hash per block"
+            )
+        copies: list[Copy] = []
+        try:
+            for i in range(len(ids)):
+                copies.append(self._claim(ids[i], keys[i]))  # noqa: PERF401 (kept on a refusal)
+        except PoolError:
+            for copy in copies:
+                copy.hash = None
+            raise
+        return [self._cache(copies[i], keys[i]) for i in range(len(copies))]
+
+    def _claim(self, block_id: object, block_hash: object) -> Copy:
+        """A batch's check of one pair: the live private copy, marked as claimed until
+        the batch acts (the caller clears the marks if the batch is refused)."""
+        copy = self._live(block_id)
+        if copy.hash is not None:
+            if copy.hash is _CLAIMED:
+                raise AlreadyCachedError(f"block {copy.id} appears twice in one batch")
+            _already_cached(copy)
+        if not _is_hash(block_hash):
+            _bad_hash(block_hash)
+        copy.hash = _CLAIMED  # so that a second mention of the copy is refused
+        return copy
 
     def release(self, block_id: object) -> None:
         """Drop one request reference: a private copy is freed, a cached one may go idle."""
@@ -443,9 +490,8 @@ class BlockPool:
                     later.remove(copy)
                 if not later:
                     del dups[block_hash]
-        slot = copy.id & _SLOT_MASK
-        self._slots[slot] = None
-        self._free.append(slot)
+        self._slots[copy.id & _SLOT_MASK] = None
+        self._free.append(copy)
         self._num_copies -= 1
         self._refs -= 1
         if reservation is not None:
@@ -585,9 +631,8 @@ class BlockPool:
     def _release(self, copy: Copy) -> None:
         """Drop one reference of a validated copy (a private copy holds exactly one)."""
         if copy.hash is None:
-            slot = copy.id & _SLOT_MASK
-            self._slots[slot] = None
-            self._free.append(slot)
+            self._slots[copy.id & _SLOT_MASK] = None
+            self._free.append(copy)
             self._num_copies -= 1
             self._refs -= 1
             return
@@ -614,8 +659,12 @@ class BlockPool:
         self._next_id = block_id + _ID_STEP
         free = self._free
         if free:
-            slot = free.pop()
-            copy = Copy(block_id | slot, block_hash, 1)
+            copy = free.pop()  # unlinked and unindexed when it left
+            slot = copy.id & _SLOT_MASK
+            copy.id = block_id | slot
+            copy.hash = block_hash
+            copy.holds = 1
+            copy.stamp = 0
             self._slots[slot] = copy
         else:
             copy = Copy(block_id | len(self._slots), block_hash, 1)
@@ -647,9 +696,8 @@ class BlockPool:
         dups = self._dups
         copy = cast(Copy, sentinel.next)  # count <= inactive: the sentinel is never reached
         for _ in range(count):
-            slot = copy.id & _SLOT_MASK
-            slots[slot] = None
-            free.append(slot)
+            slots[copy.id & _SLOT_MASK] = None
+            free.append(copy)
             block_hash = copy.hash
             if dups and block_hash in dups:
                 later = dups[block_hash]
@@ -689,7 +737,8 @@ class BlockPool:
         _require(len(live) == self._num_copies, "live copy count does not match its counter")
         _require(len(self._slots) <= self._capacity, "more slots than capacity")
         _require(
-            sorted(self._free) == [s for s, c in enumerate(self._slots) if c is None],
+            sorted(c.id & _SLOT_MASK for c in self._free)
+            == [s for s, c in enumerate(self._slots) if c is None],
             "free-slot list does not match the empty slots",
         )
         _require(self._reserved >= 0, "reserved capacity is negative")

@@ -1,8 +1,10 @@
-"""release_many and cache_many: the same as one call per item, and all or nothing."""
+"""release_many, cache_many and cache_chain: the same as one call per item, and all or
+nothing."""
 
 from __future__ import annotations
 
 import random
+from typing import Any, cast
 
 import pytest
 
@@ -26,7 +28,7 @@ def _observe(pool: BlockPool, hashes: range) -> tuple[object, ...]:
     return (*seen, hits, tuple(outcome.removed))
 
 
-def _scenario(seed: int, batched: bool) -> tuple[object, ...]:
+def _scenario(seed: int, batched: bool, chained: bool = False) -> tuple[object, ...]:
     """Random requests, cached and released either one call at a time or in batches."""
     rng = random.Random(seed)
     pool = BlockPool(24)
@@ -48,7 +50,9 @@ def _scenario(seed: int, batched: bool) -> tuple[object, ...]:
         fresh = [pool.allocate_private(outcome.reservation) for _ in chain[hits:]]
         pool.cancel(outcome.reservation)
         pairs = list(zip(fresh, chain[hits:], strict=True))
-        if batched:
+        if chained:
+            flags += pool.cache_chain(fresh, chain[hits:])
+        elif batched:
             flags += pool.cache_many(pairs)
         else:
             flags += [pool.cache_private(block_id, h) for block_id, h in pairs]
@@ -59,7 +63,9 @@ def _scenario(seed: int, batched: bool) -> tuple[object, ...]:
 
 @pytest.mark.parametrize("seed", range(25))
 def test_batches_give_the_answers_of_single_calls(seed: int) -> None:
-    assert _scenario(seed, batched=True) == _scenario(seed, batched=False)
+    single = _scenario(seed, batched=False)
+    assert _scenario(seed, batched=True) == single
+    assert _scenario(seed, batched=True, chained=True) == single
 
 
 def _pool_with_state() -> tuple[BlockPool, list[BlockId], BlockId, BlockId]:
@@ -130,3 +136,43 @@ def test_a_bad_cache_batch_changes_nothing(name: str, make: object, error: type)
     assert isinstance(raised.value, PoolError)
     pool.check_invariants()
     assert _observe(pool, range(8)) == _observe(reference, range(8))
+
+
+def _as_chain(pairs: object) -> tuple[Any, Any]:
+    """A `cache_many` batch as `cache_chain`'s two sequences (a bad pair kept as it is)."""
+    if not isinstance(pairs, list):
+        return pairs, pairs
+    return [pair[0] for pair in pairs], [pair[-1] for pair in pairs]
+
+
+BAD_CHAINS = [case for case in BAD_CACHES if case[0] != "not a pair"] + [
+    ("lengths differ", lambda p, s: ([p[0], p[1]], [1]), InvalidArgumentError),
+    ("ids a string", lambda p, s: ("ab", [1, 2]), InvalidArgumentError),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "error"), BAD_CHAINS, ids=[case[0] for case in BAD_CHAINS]
+)
+def test_a_bad_cache_chain_changes_nothing(name: str, make: object, error: type) -> None:
+    pool, private, shared, _ = _pool_with_state()
+    reference, _, _, _ = _pool_with_state()
+    made = make(private, shared)  # type: ignore[operator]
+    block_ids, hashes = cast(tuple[Any, Any], made) if isinstance(made, tuple) else _as_chain(made)
+    with pytest.raises(error) as raised:
+        pool.cache_chain(block_ids, hashes)
+    assert isinstance(raised.value, PoolError)
+    pool.check_invariants()
+    assert _observe(pool, range(8)) == _observe(reference, range(8))
+
+
+def test_a_release_batch_raises_what_its_first_bad_mention_is() -> None:
+    """Over-releasing a copy before an unknown id reports the over-release, as releasing
+    one id at a time would meet it first."""
+    pool, private, _, _ = _pool_with_state()
+    unknown = BlockId(12345)
+    with pytest.raises(BlockNotReferencedError):
+        pool.release_many([private[0], private[0], unknown])
+    with pytest.raises(UnknownBlockError):
+        pool.release_many([private[0], unknown, private[0]])
+    pool.check_invariants()

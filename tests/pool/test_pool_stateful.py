@@ -245,16 +245,34 @@ class Model:
         res.fresh = 0
         res.closed = True
 
-    def admit(self, chain: object, extra: object) -> tuple[list[int], int, int, list[int]] | None:
+    def admit(
+        self, chain: object, extra: object, blocks: object = None
+    ) -> tuple[list[int], int, int, list[int]] | None:
         """The pool's admit contract: check the whole chain, ``extra`` and the size first,
-        then match_prefix, reserve, activate_prefix, allocate_private per block, cancel."""
+        then match_prefix, reserve, activate_prefix, allocate_private per block, cancel.
+        With ``blocks``: check it (and that ``extra`` is 0), walk the chain only up to its
+        first miss, and reserve fresh blocks up to ``max(hits, blocks)``."""
         if isinstance(chain, str | bytes | bytearray) or not isinstance(chain, Iterable):
             raise InvalidArgumentError(chain)
-        hashes = [_check_hash(h) for h in chain]
-        if type(extra) is not int or extra < 0:
-            raise InvalidArgumentError(extra)
-        if len(hashes) + extra > self.capacity:
-            raise CapacityError(len(hashes) + extra)
+        if blocks is not None:
+            if type(blocks) is not int or blocks < 0:
+                raise InvalidArgumentError(blocks)
+            if extra != 0:
+                raise InvalidArgumentError(extra)
+            walked = []
+            for block_hash in chain:
+                walked.append(_check_hash(block_hash))
+                if self.prefix_hit(block_hash) is None:
+                    break
+            if blocks > self.capacity:
+                raise CapacityError(blocks)
+            hashes = list(walked)
+        else:
+            hashes = [_check_hash(h) for h in chain]
+            if type(extra) is not int or extra < 0:
+                raise InvalidArgumentError(extra)
+            if len(hashes) + extra > self.capacity:
+                raise CapacityError(len(hashes) + extra)
         hits = active = 0
         for block_hash in hashes:
             hit = self.prefix_hit(block_hash)
@@ -262,14 +280,15 @@ class Model:
                 break
             hits += 1
             active += hit
-        outcome = self.reserve(list(hashes[:hits]), len(hashes) - hits + extra)
+        fresh = len(hashes) - hits + extra if blocks is None else max(blocks - hits, 0)
+        outcome = self.reserve(list(hashes[:hits]), fresh)
         if outcome is None:
             return None
         reservation, removed = outcome
-        blocks = self.activate_prefix(reservation)
-        blocks += [self.allocate_private(reservation) for _ in range(reservation.fresh)]
+        result = self.activate_prefix(reservation)
+        result += [self.allocate_private(reservation) for _ in range(reservation.fresh)]
         self.cancel(reservation)
-        return blocks, hits, active, removed
+        return result, hits, active, removed
 
     def num_active(self) -> int:
         return len(self.copies) - len(self.lru) + self.reserved
@@ -637,6 +656,15 @@ class PoolMachine(RuleBasedStateMachine):
             chain += [self._hash(data) for _ in range(capacity + 1 - size - extra)]
         elif fault == 4:
             chain = tuple(chain)
+        # Half the time a first allocation's form: fresh blocks counted from the hits (a
+        # bad or negative count now and then; extra must then be 0).
+        blocks: Any = None
+        if data.draw(st.booleans()):
+            blocks = data.draw(st.integers(0, capacity + 1))
+            if fault == 5:
+                blocks = data.draw(st.sampled_from([-1, 1.0, True, "2"]))
+            if fault != 6:  # else keep the drawn extra: refused unless it is 0
+                extra = 0
         idle_hit = False  # does the walk pin an inactive copy?
         for block_hash in chain if isinstance(chain, list | tuple) else []:
             copy_id = self.model.first_copy(block_hash) if type(block_hash) is int else None
@@ -645,9 +673,9 @@ class PoolMachine(RuleBasedStateMachine):
             idle_hit = idle_hit or self.model.is_inactive(copy_id)
         evicted_before = self.model.evicted_copies
         promoted_before = self.model.promotions
-        real = _run(self.pool.admit, chain, extra)
-        model = _run(self.model.admit, chain, extra)
-        admission = self._compare(real, model, f"admit({chain!r}, {extra!r})")
+        real = _run(lambda c, e, b: self.pool.admit(c, e, blocks=b), chain, extra, blocks)
+        model = _run(self.model.admit, chain, extra, blocks)
+        admission = self._compare(real, model, f"admit({chain!r}, {extra!r}, blocks={blocks!r})")
         if real.error is not None:
             return
         if admission is None:
@@ -664,6 +692,7 @@ class PoolMachine(RuleBasedStateMachine):
         for block_id, model_id in fresh:
             self._record_block(block_id, model_id)
         COVERAGE["admit_hits"] += cached > 0
+        COVERAGE["admit_counted_blocks"] += blocks is not None
         COVERAGE["admit_active_hits"] += active > 0
         evicted = self.model.evicted_copies - evicted_before
         COVERAGE["admit_evicted"] += evicted > 0
@@ -743,6 +772,7 @@ REQUIRED_STATES = [
     "cancel_relinks",
     "activated_blocks",
     "admit_hits",
+    "admit_counted_blocks",
     "admit_active_hits",
     "admit_evicted",
     "admit_none",

@@ -130,7 +130,7 @@ def snapshot(recipe: Recipe) -> dict[str, Any]:
             for name, r in sorted(recipe.reservations.items())
         },
         "copies": copies,
-        "free slots": sorted(pool._free),  # type: ignore[attr-defined]
+        "free slots": [c.id & 0xFFFFFFFF for c in pool._free],  # type: ignore[attr-defined]
         "lru": lru,
         "index": index,
         "other": (recipe.other_pool.num_active(), len(recipe.other_reservation)),
