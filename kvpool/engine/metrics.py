@@ -165,23 +165,39 @@ def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
     return math.fsum(v * w for v, w in zip(values, weights, strict=True)) / total
 
 
-def weighted_percentile(values: Sequence[float], weights: Sequence[float], q: float) -> float:
-    """The smallest value that ``q`` percent of the weight lies at or below (0.0 for no
-    values); with weights summing to 0, the unweighted `percentile`."""
+def weighted_percentiles(
+    values: Sequence[float], weights: Sequence[float], qs: Sequence[float]
+) -> list[float]:
+    """For each of ``qs`` (0..100), the smallest value that ``q`` percent of the weight
+    lies at or below (0.0 for no values); with weights summing to 0, the unweighted
+    `percentile`. One pass over the samples for all of them (a run's usage samples
+    number one per step or jump: summed by level once, not once per ``q``)."""
     total = math.fsum(weights)
     if total <= 0:
-        return percentile(values, q)
-    target = total * q / 100.0
+        ordered = sorted(values)
+        return [percentile_of_sorted(ordered, q) for q in qs]
     by_value: dict[float, float] = {}  # few distinct levels (a usage is active / capacity)
     for value, weight in zip(values, weights, strict=True):
         by_value[value] = by_value.get(value, 0.0) + weight
+    levels = sorted(by_value)
+    # The running weight at each level: the same sums, in the same order, for every q.
+    running: list[float] = []
     seen = 0.0
-    for value in sorted(by_value):
-        weight = by_value[value]
-        seen += weight
-        if seen >= target and weight > 0:
-            return value
-    return max(value for value, weight in by_value.items() if weight > 0)
+    for value in levels:
+        seen += by_value[value]
+        running.append(seen)
+    answers: list[float] = []
+    for q in qs:
+        target = total * q / 100.0
+        answer: float | None = None
+        for i in range(len(levels)):
+            if running[i] >= target and by_value[levels[i]] > 0:
+                answer = levels[i]
+                break
+        if answer is None:
+            answer = max(value for value, weight in by_value.items() if weight > 0)
+        answers.append(answer)
+    return answers
 
 
 def read_counters(stats: EngineStats, counters: ManagerStats) -> None:

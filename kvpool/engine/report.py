@@ -18,7 +18,7 @@ from kvpool.engine.metrics import (
     percentile_of_sorted,
     sum_of_counts,
     weighted_mean,
-    weighted_percentile,
+    weighted_percentiles,
 )
 from kvpool.engine.routing_report import RoutingSummary, routing_lines
 from kvpool.manager import PoolUsage
@@ -63,11 +63,12 @@ class Distribution(msgspec.Struct, frozen=True):
     def over_time(cls, values: Sequence[float], durations: Sequence[float]) -> Distribution:
         """Summarise a level that held ``values[i]`` for ``durations[i]``: the time-weighted
         mean, the levels not exceeded 50% and 99% of the time, and the maximum."""
+        p50, p90, p99 = weighted_percentiles(values, durations, (50, 90, 99))
         return cls(
             mean=weighted_mean(values, durations),
-            p50=weighted_percentile(values, durations, 50),
-            p90=weighted_percentile(values, durations, 90),
-            p99=weighted_percentile(values, durations, 99),
+            p50=p50,
+            p90=p90,
+            p99=p99,
             max=max(values, default=0.0),
         )
 
