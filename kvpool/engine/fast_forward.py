@@ -139,6 +139,11 @@ def plan_jump(
     sent = [request.num_sent for request in running]
     duration = timing.duration(decode_work(n, context, active, capacity, block_size))
     gaps = plan.gaps
+    # Consecutive steps mostly end with the same gap: it is counted here and added to
+    # ``gaps`` when another follows (first-seen order kept), not boxed into the dict
+    # once per step.
+    last_gap = 0.0
+    last_count = 0
     step = 0
     if max_steps < steps_max:
         steps_max = max_steps
@@ -181,7 +186,13 @@ def plan_jump(
         busy += duration
         if step:
             gap = clock - start
-            gaps[gap] = gaps.get(gap, 0) + n
+            if last_count and gap == last_gap:
+                last_count += n
+            else:
+                if last_count:
+                    gaps[last_gap] = gaps.get(last_gap, 0) + last_count
+                last_gap = gap
+                last_count = n
         else:
             plan.first_end = clock
         if members:
@@ -191,6 +202,8 @@ def plan_jump(
             plan.group_ends.append(clock)
             plan.group_active.append(active)
         step += 1
+    if last_count:
+        gaps[last_gap] = gaps.get(last_gap, 0) + last_count
     plan.taken = step
     plan.sent = sent
     plan.clock = clock
