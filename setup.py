@@ -21,6 +21,7 @@ CORE = [
     "kvpool/engine/work.py",
     "kvpool/engine/fast_forward.py",
     "kvpool/engine/execution.py",
+    "kvpool/engine/engine.py",
     "kvpool/manager/kv_manager.py",
     "kvpool/manager/request.py",
     "kvpool/manager/validation.py",

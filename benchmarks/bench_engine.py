@@ -288,52 +288,12 @@ def best_of(repeat: int, once: Callable[[], tuple[SimulationRun, float]]) -> Tim
     return best
 
 
-class StepCounter:
-    """Counts, while active, the engine steps taken one at a time (`MockEngine.step`) and
-    the fast-forward jumps (`MockEngine.fast_forward` calls that jumped) and the steps
-    they covered. Patches `MockEngine`; ``ok`` is False if it cannot (a compiled class)."""
-
-    def __init__(self) -> None:
-        self.steps = self.jumps = self.jumped = 0
-        self.ok = False
-
-    def __enter__(self) -> StepCounter:
-        from kvpool.engine import MockEngine, StepResult
-
-        self._step = step = MockEngine.step
-        self._fast_forward = fast_forward = MockEngine.fast_forward
-        counter = self
-
-        async def counted_step(engine: MockEngine) -> StepResult:
-            counter.steps += 1
-            return await step(engine)
-
-        async def counted_fast_forward(
-            engine: MockEngine, until: float = math.inf, *, cross_boundaries: bool = True
-        ) -> int:
-            jumped = await fast_forward(engine, until, cross_boundaries=cross_boundaries)
-            if jumped:
-                counter.jumps += 1
-                counter.jumped += jumped
-            return jumped
-
-        try:
-            MockEngine.step = counted_step  # type: ignore[method-assign,assignment]
-            MockEngine.fast_forward = counted_fast_forward  # type: ignore[method-assign,assignment]
-        except (TypeError, AttributeError):  # a mypyc-compiled class
-            self.__exit__()
-        else:
-            self.ok = True
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        from kvpool.engine import MockEngine
-
-        try:
-            MockEngine.step = self._step  # type: ignore[method-assign]
-            MockEngine.fast_forward = self._fast_forward  # type: ignore[method-assign]
-        except (TypeError, AttributeError):
-            pass
+def jump_counts(run: SimulationRun) -> tuple[int, int]:
+    """The fast-forward jumps of a run's engines and the steps they covered."""
+    return (
+        sum(engine.jumps for engine in run.engines),
+        sum(engine.jumped_steps for engine in run.engines),
+    )
 
 
 class CountingKv:
@@ -562,7 +522,6 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
         assert actor_fast is not None
         dynamo_row(path, config, repeat, actor_fast)
         # untimed runs, counting (local backend: the engine makes the same calls on both)
-        counter = StepCounter()
         calls: Counter[str] = Counter()
         clients: list[KvClient] = []
         count_calls = CountingKv.wrapper(calls)
@@ -571,19 +530,17 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
             clients.append(kv)
             return count_calls(kv)
 
-        with counter:
-            run_trace(trace, config, "local", True, keep)
+        counted, _ = run_trace(trace, config, "local", True, keep)
+        jumps, jumped = jump_counts(counted)
+        del counted
         naming_row(clients, fast_total)
         naming_costs(trace, config.block_size)
         total = fast_total
-        if counter.ok:
-            print(
-                f"  steps simulated {total.steps:,}; taken one at a time {counter.steps:,}, "
-                f"the other {counter.jumped:,} in {counter.jumps:,} fast-forward jumps "
-                f"({100 * counter.jumped / max(total.steps, 1):.0f}% of steps jumped)"
-            )
-        else:
-            print(f"  steps simulated {total.steps:,} (steps taken: MockEngine is compiled)")
+        print(
+            f"  steps simulated {total.steps:,}; taken one at a time {total.steps - jumped:,}, "
+            f"the other {jumped:,} in {jumps:,} fast-forward jumps "
+            f"({100 * jumped / max(total.steps, 1):.0f}% of steps jumped)"
+        )
         print(f"  KV calls (actor round trips), fast-forward: {describe_calls(calls)}")
         if step_by_step:
             calls = Counter()

@@ -86,6 +86,7 @@ from collections import deque
 from collections.abc import Sequence
 
 import msgspec
+from mypy_extensions import mypyc_attr
 
 from kvpool.engine.admission import rejection_reason
 from kvpool.engine.config import EngineConfig
@@ -142,6 +143,8 @@ class StepResult(msgspec.Struct, frozen=True):
     outputs: list[RequestOutput]
 
 
+# Compiled with mypyc (setup.py); tests and tools still subclass it or wrap its methods.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MockEngine:
     """One engine (one data-parallel rank): a scheduler, a simulated clock, a KV client.
 
@@ -185,6 +188,10 @@ class MockEngine:
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         self.stats = EngineStats()
+        # fast-forward jumps taken and the steps they covered (`fast_forward`'s nonzero
+        # returns and their sum): how a benchmark tells jumped steps from single ones
+        self.jumps = 0
+        self.jumped_steps = 0
         self.rejected_ids: list[str] = []
         self._preempted: list[str] = []
         # this step's admissions: request id -> the prompt tokens it reused (its output's
@@ -442,13 +449,19 @@ class MockEngine:
                 if await self._admission(head, budget, cost, growing) is not None:
                     return 0  # the next step admits the head of the queue
             plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=True)
-            return await self._take_jump(plan, until, head, cost) if plan.taken else 0
+            return self._jumped(await self._take_jump(plan, until, head, cost)) if plan.taken else 0
         plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=False)
         if not plan.taken:
             return 0
         if admits and await self._admission(waiting[0], budget) is not None:
             return 0  # the next step admits the head of the queue
-        return await self._take_jump(plan, until, None, None)
+        return self._jumped(await self._take_jump(plan, until, None, None))
+
+    def _jumped(self, steps: int) -> int:
+        """Count a jump of ``steps`` steps; return ``steps``."""
+        self.jumps += 1
+        self.jumped_steps += steps
+        return steps
 
     async def _take_jump(
         self,

@@ -256,6 +256,7 @@ class Outcome:
     batches: list[Any]
     clocks: list[float]
     step_calls: int
+    jumped_steps: int  # the engines' own count (`MockEngine.jumped_steps`)
 
 
 def simulate(
@@ -309,6 +310,7 @@ def simulate(
         batches=[msgspec.to_builtins(sink.batches) for sink in collectors],
         clocks=[engine.clock for engine in run.engines],
         step_calls=calls,
+        jumped_steps=sum(engine.jumped_steps for engine in run.engines),
     )
 
 
@@ -322,6 +324,9 @@ def assert_same_run(fast: Outcome, slow: Outcome) -> None:
     assert fast.batches == slow.batches
     assert slow.step_calls == slow.total["steps"]
     assert fast.step_calls <= slow.step_calls
+    # every step is a single step or one of a jump's, as the engine counts its jumps
+    assert fast.step_calls + fast.jumped_steps == fast.total["steps"]
+    assert slow.jumped_steps == 0
 
 
 def label(fast: Outcome) -> None:
