@@ -1,5 +1,5 @@
-"""Build hook: compile the block-pool core, the request-level KV manager and the engine's
-per-request step bookkeeping with mypyc (2-3x cheaper pool calls; see
+"""Build hook: compile the block-pool core, the request-level KV manager and the engine (its
+scheduler, step bookkeeping and `MockEngine` itself) with mypyc (2-3x cheaper pool calls; see
 benchmarks/README.md for the manager's and the engine's gain).
 
 Set KVPOOL_PURE_PYTHON=1 to skip compilation; the same modules then run interpreted.
