@@ -420,21 +420,23 @@ def row(label: str, timed: Timed, note: str = "") -> None:
 
 
 def naming_row(clients: list[KvClient], total: WorkerReport) -> None:
-    """How the run named its blocks: run keys (no token built) or Dynamo's hashes, and
-    how much its run memo (`kvpool.hashing.runs.RunMemo`) saved."""
+    """How the run named its blocks: run keys (no token built, a digest per run, not
+    per block) or Dynamo's hashes, and how much their run memo
+    (`kvpool.hashing.run_keys.RunMemo`) saved."""
     for kv in clients:
         if not isinstance(kv, LocalKvClient):
             continue
         manager = kv.manager
         memo = manager._run_memo  # a benchmark looks inside
-        scheme = "run keys, no token built" if manager.run_keys else "Dynamo's token hashes"
-        if memo is None:
-            print(f"  blocks named by {scheme}")
-            continue
         tokens = total.prompt_tokens + total.generated_tokens
+        handed = f"{tokens:,} tokens ({tokens // kv.block_size:,} blocks) handed over"
+        if manager.run_keys or memo is None:
+            scheme = "run keys, no token built" if manager.run_keys else "no names"
+            print(f"  blocks named by {scheme}: {handed}")
+            continue
         print(
-            f"  blocks named by {scheme}: {tokens:,} tokens ({tokens // kv.block_size:,} "
-            f"blocks) handed over; whole runs of blocks named {memo.misses:,} times "
+            f"  blocks named by Dynamo's token hashes: {handed}; whole runs of blocks "
+            f"hashed {memo.misses:,} times "
             f"({memo.blocks_named:,} blocks), looked up {memo.hits:,} times"
         )
 
@@ -464,9 +466,8 @@ def naming_costs(requests: Iterable[RequestSpec], block_size: int) -> None:
             hasher.extend(spec.output.tokens())
 
     def keyed() -> None:
-        memo = RunMemo(block_size)
         for spec in specs:
-            keyer = RunKeyer(block_size, memo=memo)
+            keyer = RunKeyer(block_size)
             keyer.extend(spec.prompt_token_runs())
             keyer.extend_span(spec.output.seed, spec.output.length)
 

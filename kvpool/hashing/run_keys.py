@@ -1,6 +1,7 @@
 """Cheap chained block keys of token runs (`kvpool.hashing.runs` says why): the
 `RunKeyer` a manager with ``run_keys`` names its blocks with, and the `RunMemo` of whole
-runs' names it shares across requests.
+runs' Dynamo hashes a manager with events on shares across requests
+(`kvpool.hashing.BlockHasher.extend_runs`).
 
 setup.py compiles this module with mypyc (a decode step feeds a request's keyer once per
 step); it runs interpreted just the same.
@@ -13,18 +14,24 @@ from collections import OrderedDict
 
 import xxhash
 
-from kvpool.errors import InvalidArgumentError
 from kvpool.hashing.block_hash import check_block_size
 from kvpool.hashing.runs import TOKEN_MASK, TokenRuns
 
 ROOT_KEY = 0x6B76706F6F6C2D31
 """The parent key of a sequence's first block (any constant: keys never leave the process)."""
+RANGE_BITS = 6
+"""Low key bits that number a block within its stretch (`RunKeyer`)."""
+RANGE_BLOCKS = 1 << RANGE_BITS
+"""Blocks of one run keyed from one digest (a 512-token trace block is 32 of 16)."""
 MAX_RUN_ENTRIES = 16_384
-"""Runs remembered by a `RunKeyer`'s memo (a list of keys each)."""
+"""Runs remembered by a `RunMemo` (a list of names each)."""
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _SEED = 0x4B4559  # keeps keys apart from Dynamo's seed-1337 hashes (not required: hygiene)
 _pack_one = struct.Struct("<QII").pack
+_pack_base = struct.Struct("<QI").pack
+_INDEX_MASK = RANGE_BLOCKS - 1
+_BASE_MASK = ((1 << 64) - 1) ^ _INDEX_MASK
 
 
 def _block_key(parent: int, pieces: list[int]) -> int:
@@ -39,24 +46,31 @@ class RunKeyer:
     """Chained keys of a growing token sequence fed as runs, one per full block: the
     `kvpool.hashing.BlockHasher` of a manager with ``run_keys``.
 
-    Invariant: ``hashes`` holds one key per full block so far; ``_tail`` the maximal runs
-    (flat pairs) of the tokens after the last full block, ``_tail_len`` their count.
-    Two sequences get the same key for block ``i`` exactly when their tokens up to the
-    end of block ``i`` are equal (up to a 64-bit collision, as with any hash).
+    A block whose tokens are one run of consecutive ids is keyed in closed form: the
+    first of a stretch gets ``xxh3(parent, start)`` with its low `RANGE_BITS` cleared
+    (a *base*), and each block after it that continues the run takes the next key
+    (base + 1, + 2, ..., `RANGE_BLOCKS` blocks a stretch), so a run of n blocks costs
+    one digest and n additions, not n digests. A block of several runs gets one digest
+    of them all (`_block_key`).
+
+    Invariants: ``hashes`` holds one key per full block so far; ``_tail`` the maximal
+    runs (flat pairs) of the tokens after the last full block, ``_tail_len`` their
+    count; ``_next`` is the start token a block needs to continue the last block's
+    stretch (-1: none can: the last block was several runs, or its stretch is full).
+    A base determines its start token (up to a 58-bit digest collision), so a key is a
+    function of the parent key and the block's tokens alone, however the runs were cut
+    and fed: two sequences get the same key for block ``i`` exactly when their tokens
+    up to the end of block ``i`` are equal.
     """
 
-    __slots__ = ("_block_size", "_hashes", "_last", "_memo", "_num_tokens", "_tail", "_tail_len")
+    __slots__ = ("_block_size", "_hashes", "_last", "_next", "_num_tokens", "_tail", "_tail_len")
 
-    def __init__(self, block_size: int, *, memo: RunMemo | None = None) -> None:
-        """Raises `InvalidArgumentError` for a bad ``block_size`` or a memo of another."""
+    def __init__(self, block_size: int) -> None:
+        """Raises `InvalidArgumentError` for a bad ``block_size``."""
         check_block_size(block_size)
-        if memo is not None and memo.block_size != block_size:
-            raise InvalidArgumentError(
-                f"the memo keys {memo.block_size}-token blocks, not {block_size}"
-            )
         self._block_size = block_size
-        self._memo = memo
         self._last = ROOT_KEY
+        self._next = -1  # the root is no stretch
         self._hashes: list[int] = []
         self._tail: list[int] = []
         self._tail_len = 0
@@ -95,42 +109,48 @@ class RunKeyer:
             self._tail_len += take
             if self._tail_len < bs:
                 return
-            self._last = _block_key(self._last, tail)
-            self._hashes.append(self._last)
+            if len(tail) == 2:  # one run after all: keyed as a span's block is
+                self._key_run(tail[0], 1)
+            else:
+                self._last = _block_key(self._last, tail)
+                self._next = -1
+                self._hashes.append(self._last)
             self._tail = []
             self._tail_len = 0
             start = (start + take) & TOKEN_MASK
             length -= take
         full = length // bs
         if full:
-            memo = self._memo
-            if memo is None:
-                keys = _run_keys(self._last, start, full, bs)
-            else:
-                keys = memo.run_keys(self._last, start, full)
-            self._hashes.extend(keys)
-            self._last = keys[-1]
+            self._key_run(start, full)
             start = (start + full * bs) & TOKEN_MASK
             length -= full * bs
         if length:
             self._tail = [start, length]
             self._tail_len = length
 
+    def _key_run(self, start: int, blocks: int) -> None:
+        """Key ``blocks >= 1`` full blocks of one run from token ``start``."""
+        bs = self._block_size
+        hashes = self._hashes
+        last = self._last
+        while blocks:
+            if start == self._next:
+                key = last + 1  # continues the last block's stretch
+            else:
+                key = _xxh3(_pack_base(last, start), _SEED) & _BASE_MASK
+            count = min(blocks, RANGE_BLOCKS - (key & _INDEX_MASK))
+            hashes.extend(range(key, key + count))
+            last = key + count - 1
+            start = (start + count * bs) & TOKEN_MASK
+            blocks -= count
+            self._next = start if last & _INDEX_MASK != _INDEX_MASK else -1
+        self._last = last
+
     def __repr__(self) -> str:
         return (
             f"RunKeyer(block_size={self._block_size}, num_tokens={self._num_tokens}, "
             f"blocks={len(self._hashes)})"
         )
-
-
-def _run_keys(parent: int, start: int, blocks: int, block_size: int) -> list[int]:
-    """Keys of ``blocks`` full blocks of one run from ``start``, chained after ``parent``."""
-    keys: list[int] = []
-    append = keys.append
-    for i in range(blocks):
-        parent = _xxh3(_pack_one(parent, (start + i * block_size) & TOKEN_MASK, block_size), _SEED)
-        append(parent)
-    return keys
 
 
 class RunMemo:
@@ -155,14 +175,6 @@ class RunMemo:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def run_keys(self, parent: int, start: int, blocks: int) -> list[int]:
-        """`_run_keys`, remembered (the caller must not change the list)."""
-        keys = self.get(parent, start, blocks)
-        if keys is None:
-            keys = _run_keys(parent, start, blocks, self._block_size)
-            self.put(parent, start, blocks, keys)
-        return keys
 
     def get(self, parent: int | None, start: int, blocks: int) -> list[int] | None:
         """The names remembered for ``blocks`` full blocks of the run from token

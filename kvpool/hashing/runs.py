@@ -5,12 +5,11 @@ A workload's prompt is a list of segments whose tokens are ``(seed + j) mod 2**3
 (`kvpool.workloads.spec`): a run. `TokenRuns` carries such a sequence as its runs, so a
 caller can hand a 4,000-token prompt over as a few pairs of ints. With KV events off no
 hash leaves the process, so a block needs a name that is equal exactly when its tokens
-and its whole prefix are, not Dynamo's name: `kvpool.hashing.run_keys.RunKeyer` chains
-one xxh3_64 per block over the parent key and the block's tokens described as maximal
-runs (a token sequence has one decomposition into maximal runs of consecutive ids, so
-equal blocks get equal descriptions however the runs were cut), and memoises whole runs
-by (parent key, start, blocks), so a prefix that many prompts repeat costs one dict
-lookup per segment.
+and its whole prefix are, not Dynamo's name: `kvpool.hashing.run_keys.RunKeyer` keys
+the blocks of one run in closed form (one digest of the parent key and the start token,
+then consecutive keys) and a block of several runs by one digest of the parent key and
+its maximal runs (a token sequence has one decomposition into maximal runs of
+consecutive ids, so equal blocks get equal descriptions however the runs were cut).
 
 Keys are not Dynamo's hashes: a manager uses one scheme or the other, never both
 (`kvpool.manager.KvManager`'s ``run_keys``).

@@ -145,9 +145,9 @@ class KvManager:
         # looked up chunk by chunk, not hashed again (`kvpool.hashing.memo`).
         self._run_keys = run_keys and enable_prefix_caching
         self._memo = ChunkMemo(block_size) if enable_prefix_caching and not run_keys else None
-        # Runs' names (run keys, or token hashes of `TokenRuns` prompts), shared by
-        # every request: a prefix many prompts repeat is named once.
-        self._run_memo = RunMemo(block_size) if enable_prefix_caching else None
+        # Token hashes of `TokenRuns` prompts' runs, shared by every request: a prefix
+        # many prompts repeat is hashed once (run keys need no memo: `RunKeyer`).
+        self._run_memo = RunMemo(block_size) if enable_prefix_caching and not run_keys else None
         self._requests: dict[str, RequestState] = {}
         self._events: list[KVEvent] = []
         self._record_events = enable_kv_cache_events
@@ -210,7 +210,7 @@ class KvManager:
         if rid in self._requests:
             raise DuplicateRequestError(f"request {rid!r} is already registered")
         if self._run_keys:
-            state = RequestState(None, RunKeyer(self._block_size, memo=self._run_memo))
+            state = RequestState(None, RunKeyer(self._block_size))
         else:
             hasher = BlockHasher(self._block_size, memo=self._memo) if self._caching else None
             state = RequestState(hasher, None, self._run_memo)

@@ -4,6 +4,7 @@ built, give the same cache as Dynamo's token hashes: same reports, same records.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import warnings
 from array import array
@@ -47,16 +48,54 @@ def test_keys_depend_on_the_tokens_only_however_the_runs_are_cut(
     tokens = _tokens(runs)
     whole = RunKeyer(block_size)
     whole.extend(TokenRuns(runs))
-    # the same tokens fed one by one, and in two pieces at an arbitrary cut, with a memo
+    # the same tokens fed one by one, and in two pieces at an arbitrary cut
     single = RunKeyer(block_size)
     for token in tokens:
         single.extend(TokenRuns([(token, 1)]))
-    split = RunKeyer(block_size, memo=RunMemo(block_size))
+    split = RunKeyer(block_size)
     split.extend(TokenRuns.from_tokens(tokens[:cut]))
     split.extend(TokenRuns.from_tokens(tokens[cut:]))
     assert whole.hashes == single.hashes == split.hashes
     assert len(whole.hashes) == len(tokens) // block_size
     assert list(TokenRuns(runs)) == tokens == TokenRuns(runs).to_array().tolist()
+
+
+@given(
+    runs=st.lists(
+        st.tuples(st.sampled_from([0, 3, 64, 200, MASK - 99]), st.integers(0, 300)),
+        min_size=1,
+        max_size=4,
+    ),
+    cuts=st.lists(st.integers(0, 1300), max_size=4),
+    block_size=st.sampled_from([1, 2, 3]),
+)
+def test_long_runs_cut_anywhere_key_as_one_piece(
+    runs: list[tuple[int, int]], cuts: list[int], block_size: int
+) -> None:
+    """Runs longer than a stretch of keys (`RANGE_BLOCKS` blocks), fed in pieces cut
+    anywhere (inside a block, on a stretch's edge), get the keys fed whole gets; a block
+    that only continues another sequence's run shares nothing with it."""
+    tokens = _tokens(runs)
+    whole = RunKeyer(block_size)
+    whole.extend(TokenRuns(runs))
+    pieces = RunKeyer(block_size)
+    edges = [0, *sorted(cut for cut in cuts if cut < len(tokens)), len(tokens)]
+    for lo, hi in itertools.pairwise(edges):
+        pieces.extend(TokenRuns.from_tokens(tokens[lo:hi]))
+    assert pieces.hashes == whole.hashes
+    assert len(set(whole.hashes)) == len(whole.hashes)  # a chain never repeats a key
+    # the same tokens one block later: a key is shared exactly where the prefixes agree
+    shifted = tokens[block_size:]
+    later = RunKeyer(block_size)
+    later.extend(TokenRuns.from_tokens(shifted))
+    agree = next(
+        (i for i, (x, y) in enumerate(zip(shifted, tokens, strict=False)) if x != y),
+        len(shifted),
+    )
+    where = {key: index for index, key in enumerate(whole.hashes)}
+    for index, key in enumerate(later.hashes):
+        shared = (index + 1) * block_size <= agree
+        assert where.get(key, -1) == (index if shared else -1)
 
 
 @given(
