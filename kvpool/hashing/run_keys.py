@@ -10,6 +10,7 @@ step); it runs interpreted just the same.
 from __future__ import annotations
 
 import struct
+from typing import Final
 from collections import OrderedDict
 
 import xxhash
@@ -19,19 +20,20 @@ from kvpool.hashing.runs import TOKEN_MASK, TokenRuns
 
 ROOT_KEY = 0x6B76706F6F6C2D31
 """The parent key of a sequence's first block (any constant: keys never leave the process)."""
-RANGE_BITS = 6
+RANGE_BITS: Final = 6
 """Low key bits that number a block within its stretch (`RunKeyer`)."""
-RANGE_BLOCKS = 1 << RANGE_BITS
+RANGE_BLOCKS: Final = 1 << RANGE_BITS
 """Blocks of one run keyed from one digest (a 512-token trace block is 32 of 16)."""
 MAX_RUN_ENTRIES = 16_384
 """Runs remembered by a `RunMemo` (a list of names each)."""
 
-_xxh3 = xxhash.xxh3_64_intdigest
-_SEED = 0x4B4559  # keeps keys apart from Dynamo's seed-1337 hashes (not required: hygiene)
-_pack_one = struct.Struct("<QII").pack
-_pack_base = struct.Struct("<QI").pack
-_INDEX_MASK = RANGE_BLOCKS - 1
-_BASE_MASK = ((1 << 64) - 1) ^ _INDEX_MASK
+_xxh3: Final = xxhash.xxh3_64_intdigest
+_SEED: Final = 0x4B4559  # keeps keys apart from Dynamo's seed-1337 hashes (hygiene only)
+_pack_one: Final = struct.Struct("<QII").pack
+_pack_base: Final = struct.Struct("<QI").pack
+_INDEX_MASK: Final = RANGE_BLOCKS - 1
+# A stretch's keys stay under 2**63, so each is a C long: `range` counts them natively.
+_BASE_MASK: Final = ((1 << 63) - 1) ^ _INDEX_MASK
 
 
 def _block_key(parent: int, pieces: list[int]) -> int:
@@ -47,17 +49,17 @@ class RunKeyer:
     `kvpool.hashing.BlockHasher` of a manager with ``run_keys``.
 
     A block whose tokens are one run of consecutive ids is keyed in closed form: the
-    first of a stretch gets ``xxh3(parent, start)`` with its low `RANGE_BITS` cleared
-    (a *base*), and each block after it that continues the run takes the next key
-    (base + 1, + 2, ..., `RANGE_BLOCKS` blocks a stretch), so a run of n blocks costs
-    one digest and n additions, not n digests. A block of several runs gets one digest
+    first of a stretch gets ``xxh3(parent, start)`` with its low `RANGE_BITS` and its
+    top bit cleared (a *base*), and each block after it that continues the run takes
+    the next key (base + 1, + 2, ..., `RANGE_BLOCKS` blocks a stretch), so a run of n
+    blocks costs one digest and n additions, not n digests. A block of several runs gets one digest
     of them all (`_block_key`).
 
     Invariants: ``hashes`` holds one key per full block so far; ``_tail`` the maximal
     runs (flat pairs) of the tokens after the last full block, ``_tail_len`` their
     count; ``_next`` is the start token a block needs to continue the last block's
     stretch (-1: none can: the last block was several runs, or its stretch is full).
-    A base determines its start token (up to a 58-bit digest collision), so a key is a
+    A base determines its start token (up to a collision of 57-bit digests), so a key is a
     function of the parent key and the block's tokens alone, however the runs were cut
     and fed: two sequences get the same key for block ``i`` exactly when their tokens
     up to the end of block ``i`` are equal.
