@@ -10,8 +10,8 @@ step); it runs interpreted just the same.
 from __future__ import annotations
 
 import struct
-from typing import Final
 from collections import OrderedDict
+from typing import Final
 
 import xxhash
 

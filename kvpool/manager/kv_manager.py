@@ -79,6 +79,7 @@ from kvpool.manager.validation import (
 from kvpool.pool import BlockId, BlockPool
 
 _NO_PREFIX: list[int] = []  # never changed: the chain of an allocation that reuses nothing
+_NO_FLAGS: list[bool] = []  # never changed: no block an allocation cached
 
 
 class KvManager:
@@ -475,15 +476,27 @@ class KvManager:
         # to its first miss, leaving the last token to compute: vLLM's ``num_tokens - 1``
         # cap) referenced, then private copies up to the blocks the count needs,
         # evicting as reserve-then-allocate would. A later allocation adds fresh ones.
+        # With ``cache``, the fresh blocks the count fills whole are cached in the same
+        # call (`_advance` below caches the older ones the watermark passes).
+        bs = self._block_size
+        full = num_tokens // bs if cache and self._caching else 0
+        grown = len(table)
         if table:
-            admission = self._pool.admit(_NO_PREFIX, needed - len(table))
+            if full > grown:
+                admission = self._pool.admit(
+                    state.hashes[grown:full], blocks=needed - grown, limit=0, cache=full - grown
+                )
+            else:
+                admission = self._pool.admit(_NO_PREFIX, needed - grown)
         else:
-            chain = _NO_PREFIX
+            hashes = _NO_PREFIX
+            limit = 0
             if self._caching and state.num_tokens:
-                chain = state.hashes[: (state.num_tokens - 1) // self._block_size]
-            if not needed and (not chain or not self._pool.match_prefix(chain)[0]):
+                hashes = state.hashes
+                limit = (state.num_tokens - 1) // bs
+            if not needed and (not limit or not self._pool.match_prefix(hashes, limit)[0]):
                 return Allocation([], 0, [])  # an empty table asked for 0 tokens, no prefix
-            admission = self._pool.admit(chain, blocks=needed)
+            admission = self._pool.admit(hashes, blocks=needed, limit=limit, cache=full)
         if admission is None:
             return None
         removed = admission.removed
@@ -499,12 +512,13 @@ class KvManager:
         if not table:
             if self._caching:  # as vLLM, no prefix-cache stats without a prefix cache
                 self._query_tokens += state.num_tokens
-                self._hit_tokens += reused * self._block_size
-            state.computed = reused * self._block_size
+                self._hit_tokens += reused * bs
+            state.computed = reused * bs
             state.visible = reused
+            grown = reused
         table.extend(new_ids)
         if cache:
-            self._advance(state, num_tokens)
+            self._advance(state, num_tokens, grown, admission.stored)
         return Allocation(new_ids, reused, removed)
 
     def undo_allocation(self, request_id: object, allocation: Allocation) -> bool:
@@ -738,9 +752,17 @@ class KvManager:
         """At most this many leading blocks are reused: the last token is always computed."""
         return (state.num_tokens - 1) // self._block_size
 
-    def _advance(self, state: RequestState, computed: int) -> None:
+    def _advance(
+        self,
+        state: RequestState,
+        computed: int,
+        fresh: int = -1,
+        stored: list[bool] = _NO_FLAGS,
+    ) -> None:
         """Raise the computed count to ``computed`` (checked by the caller: it fits the
-        tokens and the table) and cache the full blocks it newly covers."""
+        tokens and the table) and cache the full blocks it newly covers; the table's
+        blocks from ``fresh`` on (an allocation's) were cached by the pool already when
+        ``stored`` (their flags) is not empty."""
         if computed <= state.computed:
             return
         state.computed = computed
@@ -748,20 +770,28 @@ class KvManager:
             return
         full = computed // self._block_size
         if full > state.visible:
-            self._promote(state, state.visible, full)
+            self._promote(state, state.visible, full if not stored else fresh, stored)
             state.visible = full
 
-    def _promote(self, state: RequestState, start: int, stop: int) -> None:
-        """Cache table blocks ``[start, stop)`` and queue Stored events for new hashes:
-        one event per run of blocks whose hash had no resident copy."""
+    def _promote(
+        self, state: RequestState, start: int, stop: int, stored: list[bool] = _NO_FLAGS
+    ) -> None:
+        """Cache table blocks ``[start, stop)``, and queue Stored events for new hashes
+        there and among the ``stored`` blocks after them (cached already, these flags
+        theirs): one event per run of blocks whose hash had no resident copy."""
         table = state.table
         hashes = state.hashes
-        if stop - start == 1:  # a decode step filling its block: the common case
+        if stop - start == 1 and not stored:  # a decode step filling its block: the common case
             if self._pool.cache_private(table[start], hashes[start]):
                 self._stored(state, start, stop)
             return
-        first = self._pool.cache_chain(table[start:stop], hashes[start:stop])
+        first = (
+            self._pool.cache_chain(table[start:stop], hashes[start:stop]) if stop > start else []
+        )
+        if stored:
+            first += stored
         run_start = -1
+        end = start + len(first)
         for i, new in enumerate(first, start):
             if new:
                 if run_start < 0:
@@ -770,7 +800,7 @@ class KvManager:
                 self._stored(state, run_start, i)
                 run_start = -1
         if run_start >= 0:
-            self._stored(state, run_start, stop)
+            self._stored(state, run_start, end)
 
     def _stored(self, state: RequestState, start: int, stop: int) -> None:
         self._num_events += 1

@@ -233,7 +233,15 @@ class BlockPool:
             return None
         return ReserveOutcome(Reservation(self, hits, fresh), cast("list[int]", removed))
 
-    def admit(self, chain: object, extra: object = 0, *, blocks: object = None) -> Admission | None:
+    def admit(
+        self,
+        chain: object,
+        extra: object = 0,
+        *,
+        blocks: object = None,
+        limit: object = None,
+        cache: object = 0,
+    ) -> Admission | None:
         """One request's blocks in one call: reference the longest resident prefix of
         ``chain`` (up to the first miss) and allocate private copies for the rest of the
         chain plus ``extra`` more.
@@ -249,21 +257,41 @@ class BlockPool:
         blocks, the hits then fresh ones, and the chain past its first miss is never
         read (as `match_prefix`: only a malformed hash up to the first miss raises). A
         request's first allocation is one walk of its prefix this way, not a
-        `match_prefix` to count the fresh blocks and a second walk here.
+        `match_prefix` to count the fresh blocks and a second walk here. Two more
+        arguments need ``blocks``: ``limit`` (an int >= 0 or None) walks at most that
+        many leading hashes for the prefix (`match_prefix`'s limit), and ``cache`` (an
+        int, ``0 <= cache <= min(len(chain), blocks)``) makes each fresh block ``i <
+        cache`` findable under ``chain[i]`` as `cache_chain` of those blocks and hashes
+        right after would, its flags in ``stored``: a caller that fills the blocks it is
+        given at once (a prompt's full blocks) makes one call, not two. Every hash the
+        call reads is checked before anything changes.
         """
         hashes = chain if type(chain) is list else _as_list(chain, "chain")
         size = len(hashes)
+        walk = size
         wanted = -1  # no ``blocks``: fresh copies for the chain's misses plus ``extra``
+        stored_upto = 0
         if blocks is not None:
             if type(blocks) is not int or blocks < 0:
                 raise InvalidArgumentError(f"blocks must be an int >= 0 or None, got {blocks!r}")
             if extra != 0:
                 raise InvalidArgumentError(f"extra must be 0 with blocks, got {extra!r}")
+            if limit is not None:
+                if type(limit) is not int or limit < 0:
+                    raise InvalidArgumentError(f"limit must be an int >= 0 or None, got {limit!r}")
+                walk = min(limit, size)
+            if type(cache) is not int or not 0 <= cache <= min(size, blocks):
+                raise InvalidArgumentError(
+                    f"cache must be an int in [0, {min(size, blocks)}], got {cache!r}"
+                )
             wanted = blocks
+            stored_upto = cache
+        elif limit is not None or cache != 0:
+            raise InvalidArgumentError("limit and cache need blocks")
         hits: list[Copy] = []
         active = 0
-        for block_hash in hashes:
-            copy = self._resident(block_hash)
+        for index in range(walk):
+            copy = self._resident(hashes[index])
             if copy is None:
                 break
             hits.append(copy)
@@ -286,6 +314,9 @@ class BlockPool:
             if wanted > self._capacity:
                 raise CapacityError(f"{wanted} blocks can never fit in a pool of {self._capacity}")
             fresh = max(wanted - len(hits), 0)
+            for index in range(len(hits), stored_upto):
+                if not _is_hash(hashes[index]):
+                    _bad_hash(hashes[index])
         removed = self._pin_and_reserve(hits, fresh)
         if removed is None:
             return None
@@ -294,8 +325,15 @@ class BlockPool:
             copy.holds += _PIN_TO_REF
             ids.append(copy.id)
         self._refs += len(hits)
-        ids += [self._new_copy(None).id for _ in range(fresh)]
-        return Admission(cast("list[BlockId]", ids), len(hits), active, cast("list[int]", removed))
+        stored: list[bool] = []
+        for index in range(len(hits), len(hits) + fresh):
+            copy = self._new_copy(None)
+            ids.append(copy.id)
+            if index < stored_upto:
+                stored.append(self._cache(copy, hashes[index]))
+        return Admission(
+            cast("list[BlockId]", ids), len(hits), active, cast("list[int]", removed), stored
+        )
 
     def activate_prefix(self, reservation: object) -> list[BlockId]:
         """Turn the reservation's prefix pins into request references, root first."""

@@ -34,13 +34,16 @@ class Admission(msgspec.Struct, frozen=True, gc=False):
     ``blocks`` lists the ids in chain order, then the ``extra`` ones; the first ``cached``
     are the chain's resident prefix (``active_cached`` of them were already in use), the
     rest are fresh private copies. ``removed`` lists the hashes whose last copy was evicted
-    to make room, in eviction order.
+    to make room, in eviction order. ``stored`` holds, for each fresh block `BlockPool.admit`
+    was asked to ``cache``, whether it is its hash's first resident copy (as
+    `BlockPool.cache_chain` flags them).
     """
 
     blocks: list[BlockId]
     cached: int
     active_cached: int
     removed: list[int]
+    stored: list[bool] = []
 
 
 @mypyc_attr(acyclic=True)  # refers to its pool and copies; nothing refers back

@@ -246,28 +246,45 @@ class Model:
         res.closed = True
 
     def admit(
-        self, chain: object, extra: object, blocks: object = None
-    ) -> tuple[list[int], int, int, list[int]] | None:
+        self,
+        chain: object,
+        extra: object,
+        blocks: object = None,
+        limit: object = None,
+        cache: object = 0,
+    ) -> tuple[list[int], int, int, list[int], list[bool]] | None:
         """The pool's admit contract: check the whole chain, ``extra`` and the size first,
         then match_prefix, reserve, activate_prefix, allocate_private per block, cancel.
-        With ``blocks``: check it (and that ``extra`` is 0), walk the chain only up to its
-        first miss, and reserve fresh blocks up to ``max(hits, blocks)``."""
+        With ``blocks``: check it (and that ``extra`` is 0, ``limit`` and ``cache``), walk
+        the chain only up to its first miss (at most ``limit`` hashes), reserve fresh
+        blocks up to ``max(hits, blocks)``, check the hashes the fresh blocks under
+        ``cache`` take, and cache them after (cache_private each, its flag kept)."""
         if isinstance(chain, str | bytes | bytearray) or not isinstance(chain, Iterable):
             raise InvalidArgumentError(chain)
+        chain = list(chain)
         if blocks is not None:
             if type(blocks) is not int or blocks < 0:
                 raise InvalidArgumentError(blocks)
             if extra != 0:
                 raise InvalidArgumentError(extra)
+            if limit is not None and (type(limit) is not int or limit < 0):
+                raise InvalidArgumentError(limit)
+            if type(cache) is not int or not 0 <= cache <= min(len(chain), blocks):
+                raise InvalidArgumentError(cache)
             walked = []
-            for block_hash in chain:
+            for block_hash in chain[:limit]:
                 walked.append(_check_hash(block_hash))
                 if self.prefix_hit(block_hash) is None:
                     break
             if blocks > self.capacity:
                 raise CapacityError(blocks)
             hashes = list(walked)
+            reached = next((i for i, h in enumerate(hashes) if self.prefix_hit(h) is None), None)
+            for block_hash in chain[len(hashes) if reached is None else reached : cache]:
+                _check_hash(block_hash)
         else:
+            if limit is not None or cache != 0:
+                raise InvalidArgumentError((limit, cache))
             hashes = [_check_hash(h) for h in chain]
             if type(extra) is not int or extra < 0:
                 raise InvalidArgumentError(extra)
@@ -288,7 +305,8 @@ class Model:
         result = self.activate_prefix(reservation)
         result += [self.allocate_private(reservation) for _ in range(reservation.fresh)]
         self.cancel(reservation)
-        return result, hits, active, removed
+        stored = [self.cache_private(result[i], chain[i]) for i in range(hits, int(cache))]
+        return result, hits, active, removed, stored
 
     def num_active(self) -> int:
         return len(self.copies) - len(self.lru) + self.reserved
@@ -659,12 +677,26 @@ class PoolMachine(RuleBasedStateMachine):
         # Half the time a first allocation's form: fresh blocks counted from the hits (a
         # bad or negative count now and then; extra must then be 0).
         blocks: Any = None
+        # Then now and then a walk limit, and fresh blocks cached in the same call (an
+        # allocation that fills them: out of range or mistyped now and then).
+        limit: Any = None
+        cache: Any = 0
         if data.draw(st.booleans()):
             blocks = data.draw(st.integers(0, capacity + 1))
             if fault == 5:
                 blocks = data.draw(st.sampled_from([-1, 1.0, True, "2"]))
             if fault != 6:  # else keep the drawn extra: refused unless it is 0
                 extra = 0
+            if data.draw(st.booleans()):
+                limit = data.draw(st.integers(0, size + 1))
+            if fault == 7:
+                limit = data.draw(st.sampled_from([-1, 1.0, "1"]))
+            if type(blocks) is int and data.draw(st.booleans()):
+                cache = data.draw(st.integers(0, max(min(size, blocks), 0)))
+            if fault == 8:
+                cache = data.draw(st.sampled_from([-1, size + 1, 1.0, None]))
+        elif fault == 9:
+            limit, cache = data.draw(st.sampled_from([(0, 0), (None, 1), (2, 1)]))
         idle_hit = False  # does the walk pin an inactive copy?
         for block_hash in chain if isinstance(chain, list | tuple) else []:
             copy_id = self.model.first_copy(block_hash) if type(block_hash) is int else None
@@ -673,9 +705,18 @@ class PoolMachine(RuleBasedStateMachine):
             idle_hit = idle_hit or self.model.is_inactive(copy_id)
         evicted_before = self.model.evicted_copies
         promoted_before = self.model.promotions
-        real = _run(lambda c, e, b: self.pool.admit(c, e, blocks=b), chain, extra, blocks)
-        model = _run(self.model.admit, chain, extra, blocks)
-        admission = self._compare(real, model, f"admit({chain!r}, {extra!r}, blocks={blocks!r})")
+        real = _run(
+            lambda c, e, b, n, k: self.pool.admit(c, e, blocks=b, limit=n, cache=k),
+            chain,
+            extra,
+            blocks,
+            limit,
+            cache,
+        )
+        model = _run(self.model.admit, chain, extra, blocks, limit, cache)
+        admission = self._compare(
+            real, model, f"admit({chain!r}, {extra!r}, {blocks=}, {limit=}, {cache=})"
+        )
         if real.error is not None:
             return
         if admission is None:
@@ -683,9 +724,12 @@ class PoolMachine(RuleBasedStateMachine):
             COVERAGE["admit_none"] += 1
             return
         assert model.value is not None, "pool granted an admit the model refused"
-        blocks, cached, active, removed = model.value
+        blocks, cached, active, removed, stored = model.value
         assert (admission.cached, admission.active_cached) == (cached, active)
         assert admission.removed == removed
+        assert admission.stored == stored
+        COVERAGE["admit_cached_fresh"] += bool(stored)
+        COVERAGE["admit_cached_duplicate"] += not all(stored)
         assert len(admission.blocks) == len(blocks)
         assert [self.model_of[i] for i in admission.blocks[:cached]] == blocks[:cached]
         fresh = list(zip(admission.blocks[cached:], blocks[cached:], strict=True))
@@ -701,7 +745,8 @@ class PoolMachine(RuleBasedStateMachine):
         COVERAGE["eviction_keeping_hash"] += evicted > len(removed)
         COVERAGE["pinned_inactive_reserve_with_eviction"] += idle_hit and evicted > 0
         if data.draw(st.booleans()):  # an engine caches the chain's blocks it computed
-            for (block_id, model_id), block_hash in zip(fresh, chain[cached:], strict=False):
+            later = zip(fresh[len(stored) :], chain[cached + len(stored) :], strict=False)
+            for (block_id, model_id), block_hash in later:
                 self._cache_private(block_id, model_id, block_hash)
         if data.draw(st.integers(0, 3)):  # mostly a finished request: release it leaf first
             for block_id, model_id in reversed(list(zip(admission.blocks, blocks, strict=True))):
@@ -776,6 +821,8 @@ REQUIRED_STATES = [
     "admit_active_hits",
     "admit_evicted",
     "admit_none",
+    "admit_cached_fresh",
+    "admit_cached_duplicate",
     "unallocated",
     "unallocated_duplicate",
     "unallocated_into_reservation",
