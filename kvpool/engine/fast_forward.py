@@ -17,6 +17,9 @@ from kvpool.engine.work import decode_work
 from kvpool.manager.types import SlotRequest
 from kvpool.workloads.tokens import segment_span
 
+_NO_MEMBERS: list[int] = []  # never changed: the members of a step in which no block changes
+_NO_SLOTS: list[SlotRequest] = []  # never changed: the slots of such a step
+
 
 def decode_growth(running: list[EngineRequest], block_size: int) -> int:
     """How many tables grow in the next step if it is a pure decode step in which no
@@ -147,20 +150,26 @@ def plan_jump(
     step = 0
     if max_steps < steps_max:
         steps_max = max_steps
+    # The step at which some table grows or some block fills next: the steps before it
+    # build nothing (no list, no slot), only the clock and the gaps.
+    next_event = heap[0][0] if heap else never
     while step < steps_max and clock < until:
-        members: list[int] = []
+        members: list[int] = _NO_MEMBERS
+        slots: list[SlotRequest] = _NO_SLOTS
         grows = 0
-        while heap and heap[0][0] == step:
-            index = heapq.heappop(heap)[1]
-            members.append(index)
-            if next_grow[index] == step:
-                grows += 1
-        if members and not cross_boundaries:
-            break  # the step changes a block: it makes a KV call
-        if grows and active + grows > capacity:
-            break  # a growth would not fit: the step preempts
-        slots: list[SlotRequest] = []
+        if step == next_event:
+            members = []
+            while heap and heap[0][0] == step:
+                index = heapq.heappop(heap)[1]
+                members.append(index)
+                if next_grow[index] == step:
+                    grows += 1
+            if not cross_boundaries:
+                break  # the step changes a block: it makes a KV call
+            if grows and active + grows > capacity:
+                break  # a growth would not fit: the step preempts
         if members:
+            slots = []
             for index in members:
                 request = running[index]
                 target = request.num_tokens + step
@@ -178,6 +187,7 @@ def plan_jump(
                     next_fill[index] = step + block_size
                 heapq.heappush(heap, (min(next_grow[index], next_fill[index]), index))
             active += grows
+            next_event = heap[0][0]
         if (varies and step) or grows:
             work = decode_work(n, context + step * n, active, capacity, block_size)
             duration = timing.duration(work)
