@@ -687,12 +687,15 @@ class PoolMachine(RuleBasedStateMachine):
                 blocks = data.draw(st.sampled_from([-1, 1.0, True, "2"]))
             if fault != 6:  # else keep the drawn extra: refused unless it is 0
                 extra = 0
-            if data.draw(st.booleans()):
-                limit = data.draw(st.integers(0, size + 1))
+            if data.draw(st.booleans()):  # often 0: the manager's form for a grown table
+                limit = data.draw(st.one_of(st.just(0), st.integers(0, size + 1)))
             if fault == 7:
                 limit = data.draw(st.sampled_from([-1, 1.0, "1"]))
             if type(blocks) is int and data.draw(st.booleans()):
-                cache = data.draw(st.integers(0, max(min(size, blocks), 0)))
+                # Mostly all it may (as the manager does), so that the fresh blocks
+                # past the first miss meet hashes cached elsewhere: duplicates.
+                top = max(min(size, blocks), 0)
+                cache = data.draw(st.one_of(st.just(top), st.integers(0, top)))
             if fault == 8:
                 cache = data.draw(st.sampled_from([-1, size + 1, 1.0, None]))
         elif fault == 9:
