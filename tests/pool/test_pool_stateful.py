@@ -682,7 +682,8 @@ class PoolMachine(RuleBasedStateMachine):
         limit: Any = None
         cache: Any = 0
         if data.draw(st.booleans()):
-            blocks = data.draw(st.integers(0, capacity + 1))
+            # Often the whole chain, as the manager asks: fresh blocks past the hits.
+            blocks = data.draw(st.one_of(st.just(size), st.integers(0, capacity + 1)))
             if fault == 5:
                 blocks = data.draw(st.sampled_from([-1, 1.0, True, "2"]))
             if fault != 6:  # else keep the drawn extra: refused unless it is 0
@@ -691,7 +692,7 @@ class PoolMachine(RuleBasedStateMachine):
                 limit = data.draw(st.one_of(st.just(0), st.integers(0, size + 1)))
             if fault == 7:
                 limit = data.draw(st.sampled_from([-1, 1.0, "1"]))
-            if type(blocks) is int and data.draw(st.booleans()):
+            if type(blocks) is int and data.draw(st.integers(0, 3)):
                 # Mostly all it may (as the manager does), so that the fresh blocks
                 # past the first miss meet hashes cached elsewhere: duplicates.
                 top = max(min(size, blocks), 0)

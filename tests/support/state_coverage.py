@@ -18,7 +18,7 @@ def run_until_covered(
     settings: Settings,
     coverage: Counter[str],
     required: Sequence[str],
-    rounds: int = 3,
+    rounds: int = 5,
 ) -> list[str]:
     """Run ``machine`` until ``coverage`` counts every name in ``required``; return the
     names still missing after ``rounds`` runs (empty when covered)."""
