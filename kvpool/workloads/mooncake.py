@@ -29,6 +29,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from functools import lru_cache
+from itertools import repeat
 from pathlib import Path
 from typing import IO
 
@@ -289,13 +290,15 @@ def _to_request(record: MooncakeRecord, source: str, number: int, block_size: in
             f"{record.input_length} needs {expected} (one per {block_size} tokens; "
             "see --trace-block-size)"
         )
-    for hash_id in record.hash_ids:
-        if not 0 <= hash_id <= _MAX_ID:
-            raise fail(f"hash_ids must be ints in [0, 2**64), got {hash_id}")
+    ids = record.hash_ids  # not empty: input_length >= 1
+    if min(ids) < 0 or max(ids) > _MAX_ID:
+        bad = next(hash_id for hash_id in ids if not 0 <= hash_id <= _MAX_ID)
+        raise fail(f"hash_ids must be ints in [0, 2**64), got {bad}")
     last = record.input_length - (expected - 1) * block_size
-    prompt = tuple(
-        _prompt_segment(hash_id, block_size if i < expected - 1 else last)
-        for i, hash_id in enumerate(record.hash_ids)
+    # Every block but the last is whole: one map over the ids, no per-id branch.
+    prompt = (
+        *map(_prompt_segment, ids[:-1], repeat(block_size, expected - 1)),
+        _prompt_segment(ids[-1], last),
     )
     return RequestSpec(
         request_id=f"line-{number}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import attrgetter
 from typing import NamedTuple
 
 from kvpool.hashing import TOKEN_TYPECODE
@@ -18,6 +19,7 @@ from kvpool.hashing.runs import TokenRuns
 from kvpool.workloads.tokens import TOKEN_MASK, segment_token_array, segment_tokens
 
 _U64 = (1 << 64) - 1
+_LENGTH = attrgetter("length")
 
 
 class Segment(NamedTuple):
@@ -67,9 +69,10 @@ class RequestSpec:
     input_length: int = field(init=False)
 
     def __post_init__(self) -> None:
-        if any(segment.length < 0 for segment in self.prompt):
+        lengths = list(map(_LENGTH, self.prompt))
+        if lengths and min(lengths) < 0:
             raise ValueError(f"request {self.request_id}: negative segment length")
-        length = sum(segment.length for segment in self.prompt)
+        length = sum(lengths)
         if length < 1:
             raise ValueError(f"request {self.request_id}: the prompt must hold >= 1 token")
         if self.output.length < 1:
