@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from kvpool.lazy import lazy_attributes
 from kvpool.manager.types import (
     Allocation,
+    DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
@@ -21,6 +22,7 @@ from kvpool.manager.types import (
     StepAllocations,
     StepOutcome,
     StepUpdate,
+    StretchAllocations,
 )
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ else:
 
 __all__ = [
     "Allocation",
+    "DecodeStretch",
     "KvManager",
     "LocalKvClient",
     "ManagerClient",
@@ -41,6 +44,7 @@ __all__ = [
     "StepAllocations",
     "StepOutcome",
     "StepUpdate",
+    "StretchAllocations",
     "TimedKvClient",
     "open_manager",
 ]

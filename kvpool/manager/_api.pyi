@@ -8,12 +8,14 @@ from collections.abc import Iterator, Sequence
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
     Allocation,
+    DecodeStretch,
     ManagerStats,
     PrefillCost,
     SlotRequest,
     StepAllocations,
     StepOutcome,
     StepUpdate,
+    StretchAllocations,
 )
 from kvpool.pool import BlockId, BlockPool
 
@@ -65,6 +67,13 @@ class KvManager:
         *,
         stop_if_cost_changes: PrefillCost | None = None,
     ) -> list[StepAllocations]: ...
+    def allocate_stretch(
+        self,
+        stretch: DecodeStretch,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> StretchAllocations: ...
     def undo_allocation(self, request_id: str, allocation: Allocation) -> bool: ...
     def mark_computed(self, request_id: str, num_computed_tokens: int) -> None: ...
     def __contains__(self, request_id: object) -> bool: ...

@@ -49,6 +49,7 @@ from kvpool.manager import KvManager, messages
 from kvpool.manager.operations import ManagerState
 from kvpool.manager.types import (
     Allocation,
+    DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
@@ -56,6 +57,7 @@ from kvpool.manager.types import (
     StepAllocations,
     StepOutcome,
     StepUpdate,
+    StretchAllocations,
 )
 from kvpool.pool import BlockPool
 
@@ -179,6 +181,19 @@ class ManagerClient:
             messages.AllocateSteps(steps, probe, stop_if_cost_changes)  # type: ignore[arg-type]
         )
         return reply.steps
+
+    async def allocate_stretch(
+        self,
+        stretch: DecodeStretch,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> StretchAllocations:
+        """`KvManager.allocate_stretch`: a decode stretch's allocations in one call."""
+        reply: StretchAllocations = await self._call(
+            messages.AllocateStretch(stretch, probe, stop_if_cost_changes)
+        )
+        return reply
 
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """`KvManager.mark_computed`: move the visibility watermark."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import cast
+from typing import Any, cast
 
 from kvpool.errors import (
     CapacityError,
@@ -62,6 +62,7 @@ from kvpool.hashing.runs import TokenRuns
 from kvpool.manager.request import RequestState
 from kvpool.manager.types import (
     Allocation,
+    DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
@@ -69,6 +70,7 @@ from kvpool.manager.types import (
     StepAllocations,
     StepOutcome,
     StepUpdate,
+    StretchAllocations,
 )
 from kvpool.manager.validation import (
     check_count,
@@ -366,14 +368,9 @@ class KvManager:
             )
         results: list[StepAllocations] = []
         last = len(checked) - 1
-        # A watched probe's cost, asked once now and again only after a step that may
-        # have changed it: the pool's first copies of hashes and whether they are held
-        # change only through an eviction, a hash made resident (a Stored event, counted
-        # with events off too) or a prefix reused (a first allocation pins it), and the
-        # probe's own need only when it is one of the step's slots.
         known = None if watched is None else self.prefill_cost(probe)
         for index, step in enumerate(checked):
-            marks = (self._pool.evictions, self._num_events, self._reuses)
+            marks = self._cost_marks()
             allocations: list[Allocation] = []
             for state, num_tokens, appended, needed in step:
                 allocation = self._grow(state, num_tokens, needed, appended, True)
@@ -383,14 +380,8 @@ class KvManager:
             stopped = len(allocations) < len(step)
             cost = None
             if probe is not None and (stopped or index == last or watched is not None):
-                if (
-                    known is not None
-                    and marks == (self._pool.evictions, self._num_events, self._reuses)
-                    and all(checks[0] is not probe_state for checks in step)
-                ):
-                    asked = known
-                else:
-                    asked = known = self.prefill_cost(probe)
+                touched = any(checks[0] is probe_state for checks in step)
+                asked = known = self._asked_cost(probe, known, marks, touched)
                 if watched is not None and asked != watched:
                     stopped = True
                 if stopped or index == last:
@@ -399,6 +390,197 @@ class KvManager:
             if stopped:
                 break
         return results
+
+    def allocate_stretch(
+        self,
+        stretch: object,
+        probe: object = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> StretchAllocations:
+        """`allocate_steps` of the steps a `DecodeStretch` stands for (its ``steps()``),
+        in its compact form: the same checks before anything changes, the same pool
+        calls in the same order, the same stops and the same probed cost, and the result
+        that ``StretchAllocations.of_steps`` of `allocate_steps`' results would be. A
+        fast-forward jump's allocations cost one check per request and per slot, not a
+        `SlotRequest`, a token list and a `StepAllocations` per step.
+
+        Every request of the stretch must hold blocks already (a decode stretch continues
+        tables; none is a first allocation, so no counter but ``evictions`` and
+        ``kv_events`` moves), be named once, and have every one of its ``new_tokens``
+        placed by its slots' ``appends``; ``step_ends`` must not decrease, and end at the
+        last slot. Anything else raises `InvalidArgumentError` (or what `allocate`
+        raises) before anything changes.
+        """
+        if type(stretch) is not DecodeStretch:
+            raise InvalidArgumentError(f"expected a DecodeStretch, got {stretch!r:.200}")
+        raw: Any = stretch  # read untyped: a typed read would raise a bare TypeError
+        fields: tuple[object, ...] = (
+            raw.request_ids,
+            raw.new_tokens,
+            raw.members,
+            raw.targets,
+            raw.appends,
+            raw.step_ends,
+        )
+        if any(type(field) is not list for field in fields):
+            raise InvalidArgumentError(
+                f"a DecodeStretch's fields must be lists, got {stretch!r:.200}"
+            )
+        request_ids = stretch.request_ids
+        new_tokens = stretch.new_tokens
+        members = stretch.members
+        targets = stretch.targets
+        appends = stretch.appends
+        ends = stretch.step_ends
+        n = len(request_ids)
+        slots = len(members)
+        if len(new_tokens) != n or len(targets) != slots or len(appends) != slots:
+            raise InvalidArgumentError(
+                "a stretch needs one new_tokens per request and one target and one "
+                "appends per member"
+            )
+        if not ends or ends[-1] != slots:
+            raise InvalidArgumentError("a stretch's step_ends must end at its last slot")
+        states: list[RequestState] = []
+        tokens: list[array[int] | range] = []
+        placed: list[int] = []  # each request's tokens placed by the slots checked so far
+        held: list[int] = []  # each request's token count at its next slot
+        step_of: list[int] = []  # the last step that named each request
+        seen: set[str] = set()
+        for i in range(n):
+            request_id = request_ids[i]
+            state = self._get(request_id)
+            if request_id in seen:
+                raise InvalidArgumentError(f"request {request_id!r} appears twice in a stretch")
+            seen.add(request_id)
+            if not state.table:
+                raise InvalidArgumentError(
+                    f"request {request_id!r} holds no block: a stretch continues tables"
+                )
+            checked = check_tokens(new_tokens[i])
+            # sliced below, one slot's share at a time (`TokenRuns` has no slices)
+            given = checked.to_array() if isinstance(checked, TokenRuns) else checked
+            states.append(state)
+            tokens.append(given)
+            placed.append(0)
+            held.append(state.num_tokens)
+            step_of.append(-1)
+        bs = self._block_size
+        capacity = self._pool.capacity
+        needs: list[int] = []
+        start = 0
+        for step, end in enumerate(ends):
+            if type(end) is not int or not start <= end <= slots:
+                raise InvalidArgumentError(f"step_ends must not decrease, got {ends!r:.200}")
+            for k in range(start, end):
+                member = members[k]
+                target = targets[k]
+                count = appends[k]
+                if type(member) is not int or not 0 <= member < n:
+                    raise InvalidArgumentError(f"member {member!r} names no request of the stretch")
+                request_id = request_ids[member]
+                if step_of[member] == step:
+                    raise InvalidArgumentError(
+                        f"request {request_id!r} appears twice in one step's allocations"
+                    )
+                step_of[member] = step
+                check_count(target, "num_tokens")
+                check_count(count, "appends")
+                placed[member] += count
+                if placed[member] > len(tokens[member]):
+                    raise InvalidArgumentError(
+                        f"request {request_id!r}: its slots append more tokens than it was given"
+                    )
+                held[member] += count
+                if target > held[member]:
+                    raise TokenCountError(
+                        f"request {request_id!r} has {held[member]} tokens; cannot "
+                        f"allocate for {target}"
+                    )
+                need = -(-target // bs)
+                if need > capacity:
+                    raise CapacityError(
+                        f"request {request_id!r} needs {need} blocks; the pool holds {capacity}"
+                    )
+                needs.append(need)
+            start = end
+        for i in range(n):
+            if placed[i] != len(tokens[i]):
+                raise InvalidArgumentError(
+                    f"request {request_ids[i]!r}: {len(tokens[i]) - placed[i]} of its new "
+                    "tokens are placed in no slot"
+                )
+        probe_state = None if probe is None else self._get(probe)
+        watched = stop_if_cost_changes
+        if watched is not None and (probe is None or type(watched) is not PrefillCost):
+            raise InvalidArgumentError(
+                f"stop_if_cost_changes needs a probe and a PrefillCost, got {watched!r}"
+            )
+        probe_member = -1
+        for i in range(n):
+            if states[i] is probe_state:
+                probe_member = i
+        allocations: list[Allocation] = []
+        kv_events: list[int] = []
+        events: list[tuple[int, list[KVEvent]]] = []
+        cost = None
+        known = None if watched is None else self.prefill_cost(probe)
+        last = len(ends) - 1
+        used = [0] * n
+        start = 0
+        for step, end in enumerate(ends):
+            marks = self._cost_marks()
+            stopped = False
+            touched = False
+            for k in range(start, end):
+                member = members[k]
+                count = appends[k]
+                appended = None
+                if count:
+                    offset = used[member]
+                    used[member] = offset + count
+                    appended = tokens[member][offset : offset + count]
+                touched = touched or member == probe_member
+                allocation = self._grow(states[member], targets[k], needs[k], appended, True)
+                if allocation is None:
+                    stopped = True
+                    break
+                allocations.append(allocation)
+            if probe is not None and (stopped or step == last or watched is not None):
+                asked = known = self._asked_cost(probe, known, marks, touched)
+                if watched is not None and asked != watched:
+                    stopped = True
+                if stopped or step == last:
+                    cost = asked
+            kv_events.append(self._num_events)
+            if self._events:
+                events.append((step, self.take_events()))
+            if stopped:
+                break
+            start = end
+        return StretchAllocations(allocations, kv_events, events, self.stats(), cost)
+
+    def _cost_marks(self) -> tuple[int, int, int]:
+        """What a queued request's `prefill_cost` depends on besides its own tokens: the
+        pool's first copies of hashes and whether they are held change only through an
+        eviction, a hash made resident (a Stored event, counted with events off too) or
+        a prefix reused (a first allocation pins it)."""
+        return (self._pool.evictions, self._num_events, self._reuses)
+
+    def _asked_cost(
+        self,
+        probe: object,
+        known: PrefillCost | None,
+        marks: tuple[int, int, int],
+        touched: bool,
+    ) -> PrefillCost:
+        """``probe``'s cost now: ``known`` (its cost when `_cost_marks` were ``marks``)
+        if none of them moved since and the probe took no slot (``touched``), else
+        asked again."""
+        if known is not None and not touched and marks == self._cost_marks():
+            return known
+        return self.prefill_cost(probe)
 
     def _check_step(
         self, slots: Sequence[SlotRequest], earlier: dict[str, int]

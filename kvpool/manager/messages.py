@@ -18,6 +18,7 @@ import msgspec
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
     Allocation,
+    DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
@@ -25,6 +26,7 @@ from kvpool.manager.types import (
     StepAllocations,
     StepOutcome,
     StepUpdate,
+    StretchAllocations,
 )
 from kvpool.messages import DoneReply, ErrorReply
 
@@ -73,6 +75,15 @@ class AllocateSteps(msgspec.Struct, frozen=True, gc=False, tag=True):
     ``stop_if_cost_changes``); the reply is a `StepsReply`."""
 
     steps: list[list[SlotRequest]]
+    probe: str | None = None
+    stop_if_cost_changes: PrefillCost | None = None
+
+
+class AllocateStretch(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.allocate_stretch``: a decode stretch's allocations in compact form;
+    the reply is a `StretchAllocations`."""
+
+    stretch: DecodeStretch
     probe: str | None = None
     stop_if_cost_changes: PrefillCost | None = None
 
@@ -127,6 +138,7 @@ class CheckManager(msgspec.Struct, frozen=True, gc=False, tag=True):
 ManagerRequest: TypeAlias = (
     AllocateSlots
     | AllocateSteps
+    | AllocateStretch
     | MarkComputed
     | AppendTokens
     | AddRequest
@@ -186,6 +198,7 @@ ManagerReply: TypeAlias = (
     | BatchReply
     | StepOutcome
     | StepsReply
+    | StretchAllocations
     | ManagerStatsReply
     | DoneReply
     | ErrorReply
@@ -213,6 +226,7 @@ __all__ = [
     "AddRequest",
     "AllocateSlots",
     "AllocateSteps",
+    "AllocateStretch",
     "AllocationReply",
     "AppendTokens",
     "BatchReply",

@@ -10,13 +10,15 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `AllocateSlots` hands blocks out: undone by `KvManager.undo_allocation` (released
   leaf first, computed count clipped). A BlockRemoved for what its reserve evicted
   stays queued, as those hashes really are gone.
-- `AllocateSteps` hands blocks and events out: each allocation of each step undone as
-  `AllocateSlots`'s, last first, then the steps' events put back ahead of newer ones.
+- `AllocateSteps` and `AllocateStretch` hand blocks and events out: each allocation of
+  each step undone as `AllocateSlots`'s, last first, then the steps' events put back
+  ahead of newer ones.
 - `TakeEvents` and `TakeBatch` hand events out: undone by putting them back ahead of
   newer ones.
-- `TakeEvents`, `TakeBatch`, `FinishStep` and `AllocateSteps` are ``ordered``: the actor serves one
-  only after every earlier one's reply was read or undone, so putting events back
-  never lands them behind newer events another drainer already took.
+- `TakeEvents`, `TakeBatch`, `FinishStep`, `AllocateSteps` and `AllocateStretch` are
+  ``ordered``: the actor serves one only after every earlier one's reply was read or
+  undone, so putting events back never lands them behind newer events another drainer
+  already took.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
   their caller left; an unread `FinishStep` reply's events are put back.
@@ -38,6 +40,7 @@ from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,
     AllocateSteps,
+    AllocateStretch,
     AllocationReply,
     AppendTokens,
     BatchReply,
@@ -55,7 +58,7 @@ from kvpool.manager.messages import (
     TakeBatch,
     TakeEvents,
 )
-from kvpool.manager.types import PoolUsage, StepOutcome
+from kvpool.manager.types import PoolUsage, StepOutcome, StretchAllocations
 from kvpool.messages import DoneReply
 
 _DONE = DoneReply()
@@ -114,6 +117,19 @@ class ManagerState:
         for request_id, allocation in reversed(done):  # last in, first out
             manager.undo_allocation(request_id, allocation)
         manager.restore_events([event for step in reply.steps for event in step.events])
+
+    def allocate_stretch(self, message: AllocateStretch) -> StretchAllocations:
+        return self.manager.allocate_stretch(
+            message.stretch, message.probe, stop_if_cost_changes=message.stop_if_cost_changes
+        )
+
+    def undo_allocate_stretch(self, message: AllocateStretch, reply: StretchAllocations) -> None:
+        manager = self.manager
+        stretch = message.stretch
+        for k in range(len(reply.allocations) - 1, -1, -1):  # last in, first out
+            request_id = stretch.request_ids[stretch.members[k]]
+            manager.undo_allocation(request_id, reply.allocations[k])
+        manager.restore_events([event for _, events in reply.events for event in events])
 
     def mark_computed(self, message: MarkComputed) -> DoneReply:
         self.manager.mark_computed(message.request_id, message.num_computed_tokens)
@@ -191,6 +207,13 @@ OPERATIONS: tuple[Operation[ManagerState, Any, Any], ...] = (
         StepsReply,
         ManagerState.allocate_steps,
         undo=ManagerState.undo_allocate_steps,
+        ordered=True,
+    ),
+    Operation(
+        AllocateStretch,
+        StretchAllocations,
+        ManagerState.allocate_stretch,
+        undo=ManagerState.undo_allocate_stretch,
         ordered=True,
     ),
     Operation(MarkComputed, DoneReply, ManagerState.mark_computed),

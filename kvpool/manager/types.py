@@ -113,13 +113,83 @@ class StepAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
     cost: PrefillCost | None = None
 
 
+class DecodeStretch(msgspec.Struct, frozen=True, gc=False):
+    """Consecutive steps' allocations in compact form, for `KvManager.allocate_stretch`:
+    a run of decode steps in which tables grow and blocks fill, each request and its
+    generated tokens named once, not once per step it takes part in.
+
+    Slot ``k`` (in order) is ``SlotRequest(request_ids[members[k]], targets[k], t)``
+    where ``t`` is the next ``appends[k]`` tokens of ``new_tokens[members[k]]``; step
+    ``g`` holds the slots from ``step_ends[g - 1]`` (0 for ``g == 0``) up to
+    ``step_ends[g]``. `steps` spells it out as the ``allocate_steps`` argument it
+    stands for.
+    """
+
+    request_ids: list[str]
+    new_tokens: list[Sequence[int]]
+    members: list[int]
+    targets: list[int]
+    appends: list[int]
+    step_ends: list[int]
+
+    def steps(self) -> list[list[SlotRequest]]:
+        """The steps of `SlotRequest` this stretch stands for (what `KvManager
+        .allocate_steps` would take), in order."""
+        used = [0] * len(self.request_ids)
+        steps: list[list[SlotRequest]] = []
+        start = 0
+        for end in self.step_ends:
+            slots = []
+            for k in range(start, end):
+                member = self.members[k]
+                offset = used[member]
+                used[member] = offset + self.appends[k]
+                tokens = self.new_tokens[member][offset : offset + self.appends[k]]
+                slots.append(SlotRequest(self.request_ids[member], self.targets[k], tokens))
+            steps.append(slots)
+            start = end
+        return steps
+
+
+class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """What `KvManager.allocate_stretch` did, in the compact form of its argument.
+
+    ``allocations``: one `Allocation` per slot that fit, in order (fewer than the slots:
+    the next one did not fit, and the rest were not tried); ``kv_events``: per step
+    tried, the ``kv_events`` counter after it; ``events``: the events each step that
+    queued some drained, as ``(step, events)`` pairs; ``stats``: the counters after the
+    last step tried (no other counter moves during a stretch: its requests hold blocks,
+    so none is a first allocation); ``cost``: the probed request's `PrefillCost` after
+    it (None: no probe). `of_steps` gives the same from ``allocate_steps``' results.
+    """
+
+    allocations: list[Allocation]
+    kv_events: list[int]
+    events: list[tuple[int, list[KVEvent]]]
+    stats: ManagerStats
+    cost: PrefillCost | None = None
+
+    @classmethod
+    def of_steps(cls, results: Sequence[StepAllocations]) -> StretchAllocations:
+        """``allocate_steps``' ``results`` (at least one) in this compact form."""
+        return cls(
+            [allocation for result in results for allocation in result.allocations],
+            [result.stats.kv_events for result in results],
+            [(step, result.events) for step, result in enumerate(results) if result.events],
+            results[-1].stats,
+            results[-1].cost,
+        )
+
+
 __all__ = [
     "Allocation",
+    "DecodeStretch",
     "ManagerStats",
     "PoolUsage",
     "PrefillCost",
     "SlotRequest",
     "StepAllocations",
     "StepOutcome",
+    "StretchAllocations",
     "StepUpdate",
 ]

@@ -780,13 +780,14 @@ def test_a_step_allocation_stops_at_the_first_slot_that_does_not_fit() -> None:
 
 
 def twin_tables(
-    data: st.DataObject, most: int, *, frees: bool
+    data: st.DataObject, most: int, *, frees: bool, **options: Any
 ) -> tuple[int, KvManager, KvManager, list[str]]:
-    """Two identical managers of a drawn capacity holding up to ``most`` random requests
-    with random tables (some freed again if ``frees``); returns the capacity, both
-    managers and the names of the requests still registered."""
+    """Two identical managers of a drawn capacity (and the `KvManager` ``options``)
+    holding up to ``most`` random requests with random tables (some freed again if
+    ``frees``); returns the capacity, both managers and the names of the requests still
+    registered."""
     capacity = data.draw(st.integers(2, 12), label="capacity")
-    one, two = make(capacity=capacity), make(capacity=capacity)
+    one, two = make(capacity=capacity, **options), make(capacity=capacity, **options)
     names: list[str] = []
     for i in range(data.draw(st.integers(1, most), label="requests")):
         name = f"r{i}"

@@ -21,8 +21,14 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.events import decode_batch, encode_batch
-from kvpool.manager import KvManager, ManagerClient, SlotRequest, open_manager
-from kvpool.manager.messages import AddRequest, AllocateSlots, AllocateSteps, TakeEvents
+from kvpool.manager import DecodeStretch, KvManager, ManagerClient, SlotRequest, open_manager
+from kvpool.manager.messages import (
+    AddRequest,
+    AllocateSlots,
+    AllocateSteps,
+    AllocateStretch,
+    TakeEvents,
+)
 from kvpool.manager.operations import ManagerState
 from kvpool.pool import BlockPool
 
@@ -357,6 +363,28 @@ def test_undoing_unread_step_allocations_give_back_their_blocks_and_their_events
     assert (manager.num_blocks("a"), manager.num_blocks("b")) == (0, 0)
     assert manager.pool.num_active() == 1  # old's block only
     assert manager.take_events() == first.events + second.events
+    manager.check_invariants()
+
+
+def test_undoing_an_unread_stretch_gives_back_its_blocks_and_its_events() -> None:
+    """An `AllocateStretch` whose caller never read the reply: as `AllocateSteps`', its
+    blocks go back, last first, and the events it drained are queued again."""
+    handlers, manager = _handlers()
+    manager.add_request("old", list(range(100, 104)))
+    assert manager.allocate("old", 4, cache=True) is not None  # one Stored queued
+    manager.add_request("a", list(range(3)))
+    assert manager.allocate("a", 3, cache=True) is not None
+    before = manager.pool.num_active()
+    # a's first block fills (Stored), then its table grows by one block
+    message = AllocateStretch(DecodeStretch(["a"], [[7, 8]], [0, 0], [4, 5], [1, 1], [1, 2]))
+    reply = handlers.allocate_stretch(message)
+    assert [len(allocation.block_ids) for allocation in reply.allocations] == [0, 1]
+    assert [step for step, _ in reply.events] == [0]
+    assert manager.num_pending_events == 0
+    handlers.undo_allocate_stretch(message, reply)
+    assert manager.num_blocks("a") == 1
+    assert manager.pool.num_active() == before
+    assert manager.take_events() == reply.events[0][1]
     manager.check_invariants()
 
 

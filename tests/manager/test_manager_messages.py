@@ -10,6 +10,7 @@ import pytest
 from kvpool.events import BlockRemoved, BlockStored, KVEventBatch
 from kvpool.manager import (
     Allocation,
+    DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
@@ -17,11 +18,13 @@ from kvpool.manager import (
     StepAllocations,
     StepOutcome,
     StepUpdate,
+    StretchAllocations,
 )
 from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,
     AllocateSteps,
+    AllocateStretch,
     AllocationReply,
     AppendTokens,
     BatchReply,
@@ -58,6 +61,10 @@ MESSAGES: list[ManagerMessage] = [
     AllocateSteps([[SlotRequest("r1", 17)]], "r2", PrefillCost(2, 1, 3)),
     FinishStep([StepUpdate("r1", [7], 18, False), StepUpdate("r2", [], -1, True)]),
     FinishStep([], "r3"),
+    AllocateStretch(
+        DecodeStretch(["r1", "r2"], [[7, 8], []], [0, 1, 0], [33, 17, 34], [1, 0, 1], [2, 3])
+    ),
+    AllocateStretch(DecodeStretch(["r1"], [[]], [0], [33], [0], [1]), "r2", PrefillCost(1, 0, 2)),
     MarkComputed("r1", 16),
     FreeRequest("r1"),
     PreemptRequest("r1"),
@@ -89,6 +96,13 @@ MESSAGES: list[ManagerMessage] = [
                 PrefillCost(1, 0, 2),
             ),
         ]
+    ),
+    StretchAllocations(
+        [Allocation([BlockId(7)], 0, [4])],
+        [1, 2],
+        [(1, [BlockRemoved(block_hashes=[4])])],
+        ManagerStats(2, 9, 4, 1, 0, 2),
+        PrefillCost(0, 0, 3),
     ),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0)),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0), PrefillCost(1, 1, 0)),

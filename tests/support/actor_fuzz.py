@@ -37,8 +37,14 @@ import sniffio
 from kvpool.actors import Handler, PoolClient, PoolState, open_actor, open_pool
 from kvpool.errors import ActorClosedError, ActorCrashedError, PoolError
 from kvpool.events import BlockRemoved, BlockStored, KVEvent
-from kvpool.manager import KvManager, ManagerClient, SlotRequest, StepUpdate
-from kvpool.manager.messages import AllocateSteps, FinishStep, TakeBatch, TakeEvents
+from kvpool.manager import DecodeStretch, KvManager, ManagerClient, SlotRequest, StepUpdate
+from kvpool.manager.messages import (
+    AllocateSteps,
+    AllocateStretch,
+    FinishStep,
+    TakeBatch,
+    TakeEvents,
+)
 from kvpool.manager.operations import ManagerState
 from kvpool.pool import BlockPool
 
@@ -365,6 +371,7 @@ def _logged_table(manager: KvManager, log: EventLog) -> dict[type, Handler[Any, 
     logging(TakeBatch, lambda reply: [] if reply.batch is None else [reply.batch.events])
     logging(FinishStep, lambda reply: [reply.events])
     logging(AllocateSteps, lambda reply: [step.events for step in reply.steps])
+    logging(AllocateStretch, lambda reply: [events for _, events in reply.events])
     table[Bomb] = Handler(_bomb)
     return table
 
@@ -418,6 +425,15 @@ class ManagerTask:
                 if done and steps is not None:
                     for step in steps:
                         self.log.was_read(step.events)
+                stretch = DecodeStretch(
+                    [rid], [[5, 6]], [0, 0], [len(prompt), len(prompt) + 1], [1, 1], [1, 2]
+                )
+                done, result = await self.call(
+                    "allocate_stretch", lambda: kv.allocate_stretch(stretch, rid)
+                )
+                if done and result is not None:
+                    for _, events in result.events:
+                        self.log.was_read(events)
                 if rng.random() < 0.3:
                     await self.call("preempt", lambda: kv.preempt(rid))
             await self.call("prefill_cost", lambda: kv.prefill_cost(rid))
