@@ -100,7 +100,14 @@ from kvpool.engine.timing import is_context_free
 from kvpool.engine.work import step_work
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
-from kvpool.manager import Allocation, PoolUsage, PrefillCost, SlotRequest, StepAllocations
+from kvpool.manager import (
+    Allocation,
+    PoolUsage,
+    PrefillCost,
+    SlotRequest,
+    StepAllocations,
+    StretchAllocations,
+)
 from kvpool.workloads import RequestSpec
 
 _UNBOUNDED = 1 << 62
@@ -400,7 +407,8 @@ class MockEngine:
           is off, so the jump's growth only makes the head's need harder to meet) and
           ``cross_boundaries`` (the default): the jump crosses block boundaries. The
           tables that grow and the blocks that fill (turning visible) in its steps go
-          to the manager in one `KvClient.allocate_steps` call, one group per step;
+          to the manager in one `KvClient.allocate_stretch` call (a `DecodeStretch`:
+          each request and its generated tokens named once, one group per step);
           each step's events are published as a batch of its own, stamped with that
           step's end, and each step's duration reads the KV usage after its growth.
         - Otherwise (the head's admission depends on what the cache holds, or
@@ -471,7 +479,7 @@ class MockEngine:
         cost: PrefillCost | None,
     ) -> int:
         """Take the jump `fast_forward` planned: the ``plan``'s allocations (if it crosses
-        block boundaries) in one `KvClient.allocate_steps` call, then the jump applied.
+        block boundaries) in one `KvClient.allocate_stretch` call, then the jump applied.
         With a ``head`` waiting for blocks (its admission refused at ``cost``, None
         without prefix caching) the call stops after the first step that changes its
         cost (only prefix caching can), and that step is finished as `step` would finish
@@ -479,42 +487,44 @@ class MockEngine:
         config = self.config
         running = self.running
         probe = None if cost is None or head is None else head.request_id
-        results = (
-            await self.kv.allocate_steps(plan.groups, probe, stop_if_cost_changes=cost)
-            if plan.groups
-            else []
-        )
-        for slots, result in zip(plan.groups, results, strict=False):
-            if len(result.allocations) != len(slots):
+        stretch = plan.stretch
+        groups = len(plan.step_ends)
+        result = None
+        tried = groups
+        if stretch is not None:
+            result = await self.kv.allocate_stretch(stretch, probe, stop_if_cost_changes=cost)
+            tried = len(result.kv_events)
+            if not tried or len(result.allocations) != plan.step_ends[tried - 1]:
                 raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
-        if results:
-            self._remember_cost(probe, results[-1].cost)
+            self._remember_cost(probe, result.cost)
         # The call stops after the first group that changed the head's cost; that group
-        # may be the plan's last, so a full count of results does not mean no change.
-        changed = probe is not None and bool(results) and results[-1].cost != cost
-        if len(results) == len(plan.groups) and not changed:
-            self._apply_jump(plan, results)
+        # may be the plan's last, so a full count of groups does not mean no change.
+        changed = probe is not None and result is not None and result.cost != cost
+        if tried == groups and not changed:
+            self._apply_jump(plan, result)
             return plan.taken
-        # The head's cost changed in step `last`: the steps before it are a jump, and
+        # The head's cost changed in group `last`: the steps before it are a jump, and
         # `last` (its allocations made) may admit, as `step` would.
-        last = len(results) - 1
-        if probe is None or last < 0:
+        last = tried - 1
+        if probe is None or result is None or last < 0:
             raise RuntimeError(f"a jump's allocations stopped short: {self!r}")
-        members, slots = plan.group_members[last], plan.groups[last]
         before = self._plan_jump(until, plan.group_steps[last], cross_boundaries=True)
-        if before.taken != plan.group_steps[last] or len(before.groups) != last:
+        if before.taken != plan.group_steps[last] or len(before.step_ends) != last:
             raise RuntimeError(f"a jump planned twice planned two jumps: {self!r}")
         if before.taken:
-            self._apply_jump(before, results[:last])
-        for index, slot in zip(members, slots, strict=True):
-            request = running[index]
-            request.num_sent = slot.num_tokens - request.spec.input_length
+            self._apply_jump(before, result)
+        start = plan.step_ends[last - 1] if last else 0
+        for k in range(start, plan.step_ends[last]):
+            request = running[plan.members[k]]
+            request.num_sent = plan.targets[k] - request.spec.input_length
         self._preempted = []
-        self._step_events = list(results[last].events)
+        self._step_events = [
+            event for group, events in result.events if group == last for event in events
+        ]
         scheduled = dict.fromkeys(running, 1)
-        for index, allocation in zip(members, results[last].allocations, strict=True):
-            self._grant(running[index], allocation)
-        read_counters(self.stats, results[last].stats)
+        for k in range(start, plan.step_ends[last]):
+            self._grant(running[plan.members[k]], result.allocations[k])
+        read_counters(self.stats, result.stats)
         await self._admit(scheduled, config.max_num_batched_tokens - len(running))
         await self._execute(scheduled)
         return before.taken + 1
@@ -537,11 +547,11 @@ class MockEngine:
             cross_boundaries,
         )
 
-    def _apply_jump(self, plan: DecodeJump, results: list[StepAllocations]) -> None:
-        """Apply a jump whose allocations returned ``results`` (`apply_jump`) and publish
+    def _apply_jump(self, plan: DecodeJump, result: StretchAllocations | None) -> None:
+        """Apply a jump whose allocations returned ``result`` (`apply_jump`) and publish
         each step's batch, stamped with that step's end."""
         batches = apply_jump(
-            plan, results, self.running, self.stats, self._num_active, self.config.num_gpu_blocks
+            plan, result, self.running, self.stats, self._num_active, self.config.num_gpu_blocks
         )
         self.clock = plan.clock
         self._num_active = plan.active

@@ -10,7 +10,7 @@ from kvpool.engine.fast_forward import DecodeJump
 from kvpool.engine.metrics import EngineStats, close_batch, read_counters
 from kvpool.engine.request import EngineRequest
 from kvpool.events import KVEvent
-from kvpool.manager.types import StepAllocations, StepUpdate
+from kvpool.manager.types import StepUpdate, StretchAllocations
 
 
 def apply_step(
@@ -83,23 +83,30 @@ def _advance_decodes(
 
 def apply_jump(
     plan: DecodeJump,
-    results: list[StepAllocations],
+    result: StretchAllocations | None,
     running: list[EngineRequest],
     stats: EngineStats,
     active: int,
     capacity: int,
 ) -> list[tuple[float, list[KVEvent]]]:
     """Apply a jump (`kvpool.engine.fast_forward.plan_jump`) whose allocations returned
-    ``results`` (none if it planned none), ``active`` blocks
-    before it of ``capacity``: the requests' blocks and counts, the stats and the
-    samples. Returns each step's events that are not empty with the clock at that
-    step's end, for the caller to publish as one batch each; the caller sets the clock
-    (``plan.clock``) and the active count (``plan.active``)."""
+    ``result`` (None if it planned none; a result may go on past the plan's groups: a
+    jump cut short applies its first groups), ``active`` blocks before it of
+    ``capacity``: the requests' blocks and counts, the stats and the samples. Returns
+    each step's events that are not empty with the clock at that step's end, for the
+    caller to publish as one batch each; the caller sets the clock (``plan.clock``) and
+    the active count (``plan.active``)."""
     grown = active
-    for members, result in zip(plan.group_members, results, strict=True):
-        for index, allocation in zip(members, result.allocations, strict=True):
-            running[index].num_blocks += len(allocation.block_ids)
-            grown += len(allocation.block_ids)
+    members = plan.members
+    groups = len(plan.step_ends)
+    if groups:
+        if result is None:
+            raise RuntimeError("a jump across block boundaries applied without its allocations")
+        allocations = result.allocations
+        for k in range(len(members)):
+            blocks = len(allocations[k].block_ids)
+            running[members[k]].num_blocks += blocks
+            grown += blocks
     if grown != plan.active:
         raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
     for request, num_sent in zip(running, plan.sent, strict=True):
@@ -113,17 +120,29 @@ def apply_jump(
     for gap, count in plan.gaps.items():
         stats.record_itl(gap, count)
     _advance_decodes(running, stats, taken, plan.first_end, plan.clock)
-    if not plan.groups or plan.group_steps[0]:
+    if not groups or plan.group_steps[0]:
         stats.record_sample(
             plan.first_end, active / capacity, stats.prefix_query_tokens, stats.prefix_hit_tokens
         )
     batches: list[tuple[float, list[KVEvent]]] = []
-    for end, blocks, result in zip(plan.group_ends, plan.group_active, results, strict=True):
-        counters = result.stats
-        read_counters(stats, counters)
-        if close_batch(stats) and result.events:
-            batches.append((end, result.events))
-        stats.record_sample(
-            end, blocks / capacity, counters.prefix_query_tokens, counters.prefix_hit_tokens
-        )
+    if result is None or not groups:
+        return batches
+    # Only the event counter moves from group to group (a stretch has no first
+    # allocation, so the prefix counters stay; evictions are read once, for the end).
+    read_counters(stats, result.stats)
+    queries = stats.prefix_query_tokens
+    hits = stats.prefix_hit_tokens
+    kv_events = result.kv_events
+    events = result.events
+    pending = 0  # the next entry of ``events`` (by group, in order)
+    for group in range(groups):
+        end = plan.group_ends[group]
+        stats.kv_events = kv_events[group]
+        queued: list[KVEvent] = []
+        if pending < len(events) and events[pending][0] == group:
+            queued = events[pending][1]
+            pending += 1
+        if close_batch(stats) and queued:
+            batches.append((end, queued))
+        stats.record_sample(end, plan.group_active[group] / capacity, queries, hits)
     return batches

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.timing import StepTiming
 from kvpool.engine.work import decode_work
-from kvpool.manager.types import SlotRequest
+from kvpool.manager.types import DecodeStretch
 from kvpool.workloads.tokens import segment_span
 
 _NO_MEMBERS: list[int] = []  # never changed: the members of a step in which no block changes
-_NO_SLOTS: list[SlotRequest] = []  # never changed: the slots of such a step
+_NO_TOKENS = range(0)  # the new tokens of a request no slot of a stretch names
 
 
 def decode_growth(running: list[EngineRequest], block_size: int) -> int:
@@ -42,21 +42,25 @@ def decode_growth(running: list[EngineRequest], block_size: int) -> int:
 class DecodeJump:
     """A run of decode steps (`plan_jump`): how many steps, the clock, busy time and
     inter-token gaps they add, and the allocations of the steps in which some request's
-    table grows or a block fills (none for a jump that stops before its first)."""
+    table grows or a block fills (none for a jump that stops before its first), as one
+    `DecodeStretch`."""
 
     __slots__ = (
         "active",
+        "appends",
         "busy",
         "clock",
         "first_end",
         "gaps",
         "group_active",
         "group_ends",
-        "group_members",
         "group_steps",
-        "groups",
+        "members",
         "sent",
+        "step_ends",
+        "stretch",
         "taken",
+        "targets",
     )
 
     def __init__(self, clock: float, active: int) -> None:
@@ -68,16 +72,23 @@ class DecodeJump:
         """The pool's active blocks after the last step's allocations."""
         self.gaps: dict[float, int] = {}
         """Inter-token gaps of every step but the first (each request's own)."""
-        self.groups: list[list[SlotRequest]] = []
-        """One step's allocations each, for `KvClient.allocate_steps`."""
-        self.group_members: list[list[int]] = []
-        """The running indexes of each group's slots."""
+        self.members: list[int] = []
+        """The running index of each slot (a table that grows or a block that fills), in
+        order: step by step, in running order within a step."""
+        self.targets: list[int] = []
+        """Each slot's token count (the table holds and has computed that many)."""
+        self.appends: list[int] = []
+        """Each slot's generated tokens the manager hears with it."""
+        self.step_ends: list[int] = []
+        """Per step with slots (a *group*): the end of its slots in ``members``."""
         self.group_steps: list[int] = []
         """The step (0 first) of each group."""
         self.group_ends: list[float] = []
         """The clock at the end of each group's step."""
         self.group_active: list[int] = []
         """The active blocks after each group's step."""
+        self.stretch: DecodeStretch | None = None
+        """The groups' allocations, for `KvClient.allocate_stretch` (None: no group)."""
         self.sent: list[int] = []
         """Each running request's ``num_sent`` once the groups are allocated."""
 
@@ -140,6 +151,9 @@ def plan_jump(
         heap.append((min(grow, fill), index))
     heapq.heapify(heap)
     sent = [request.num_sent for request in running]
+    slot_members = plan.members
+    targets = plan.targets
+    appends = plan.appends
     duration = timing.duration(decode_work(n, context, active, capacity, block_size))
     gaps = plan.gaps
     # Consecutive steps mostly end with the same gap: it is counted here and added to
@@ -155,7 +169,6 @@ def plan_jump(
     next_event = heap[0][0] if heap else never
     while step < steps_max and clock < until:
         members: list[int] = _NO_MEMBERS
-        slots: list[SlotRequest] = _NO_SLOTS
         grows = 0
         if step == next_event:
             members = []
@@ -169,18 +182,16 @@ def plan_jump(
             if grows and active + grows > capacity:
                 break  # a growth would not fit: the step preempts
         if members:
-            slots = []
             for index in members:
                 request = running[index]
                 target = request.num_tokens + step
                 told = target - request.spec.input_length
-                since = sent[index]
-                output = request.spec.output
-                new_tokens: Sequence[int] = (
-                    segment_span(output.seed, output.length, since, told) if since < told else []
-                )
+                if told < sent[index]:
+                    raise RuntimeError(f"{request.request_id}: the manager heard of more tokens")
+                slot_members.append(index)
+                targets.append(target)
+                appends.append(told - sent[index])
                 sent[index] = told
-                slots.append(SlotRequest(request.request_id, target, new_tokens))
                 if next_grow[index] == step:
                     next_grow[index] = step + block_size
                 if next_fill[index] == step:
@@ -206,8 +217,7 @@ def plan_jump(
         else:
             plan.first_end = clock
         if members:
-            plan.groups.append(slots)
-            plan.group_members.append(members)
+            plan.step_ends.append(len(slot_members))
             plan.group_steps.append(step)
             plan.group_ends.append(clock)
             plan.group_active.append(active)
@@ -216,6 +226,25 @@ def plan_jump(
         gaps[last_gap] = gaps.get(last_gap, 0) + last_count
     plan.taken = step
     plan.sent = sent
+    if plan.step_ends:
+        new_tokens: list[Sequence[int]] = []
+        for index in range(n):
+            request = running[index]
+            since = request.num_sent
+            output = request.spec.output
+            new_tokens.append(
+                segment_span(output.seed, output.length, since, sent[index])
+                if since < sent[index]
+                else _NO_TOKENS
+            )
+        plan.stretch = DecodeStretch(
+            [request.request_id for request in running],
+            new_tokens,
+            slot_members,
+            targets,
+            appends,
+            plan.step_ends,
+        )
     plan.clock = clock
     plan.busy = busy
     plan.active = active

@@ -18,7 +18,15 @@ from kvpool.engine import (
 from kvpool.engine.request import EngineRequest
 from kvpool.errors import InvalidArgumentError, InvariantViolationError, UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
-from kvpool.manager import KvManager, PrefillCost, SlotRequest, StepAllocations, StepUpdate
+from kvpool.manager import (
+    DecodeStretch,
+    KvManager,
+    PrefillCost,
+    SlotRequest,
+    StepAllocations,
+    StepUpdate,
+    StretchAllocations,
+)
 from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload, mix_seed
 
@@ -469,6 +477,18 @@ class CountingKv(LocalKvClient):
     ) -> list[StepAllocations]:
         self.slots.extend([slot.request_id for slot in slots] for slots in steps)
         return await super().allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
+
+    async def allocate_stretch(
+        self,
+        stretch: DecodeStretch,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> StretchAllocations:
+        self.slots.extend([slot.request_id for slot in slots] for slots in stretch.steps())
+        return await super().allocate_stretch(
+            stretch, probe, stop_if_cost_changes=stop_if_cost_changes
+        )
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         self.costs += 1

@@ -49,7 +49,14 @@ from kvpool.engine import (
 from kvpool.engine import runner as runner_module
 from kvpool.engine.request import EngineRequest
 from kvpool.events import EventCollector
-from kvpool.manager import KvManager, PrefillCost, SlotRequest, StepAllocations
+from kvpool.manager import (
+    DecodeStretch,
+    KvManager,
+    PrefillCost,
+    SlotRequest,
+    StepAllocations,
+    StretchAllocations,
+)
 from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, Segment, mix_seed
 
@@ -145,9 +152,23 @@ class OneSlotKv(LocalKvClient):
                 break
         return results
 
+    async def allocate_stretch(
+        self,
+        stretch: DecodeStretch,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> StretchAllocations:
+        """The steps the stretch stands for, one slot at a time as above."""
+        results = await self.allocate_steps(
+            stretch.steps(), probe, stop_if_cost_changes=stop_if_cost_changes
+        )
+        return StretchAllocations.of_steps(results)
+
 
 class CountingSteps(LocalKvClient):
-    """Records each `allocate_steps` call: per step, its slots' token counts."""
+    """Records each `allocate_steps` and `allocate_stretch` call: per step, its slots'
+    token counts."""
 
     def __init__(self, manager: KvManager) -> None:
         super().__init__(manager)
@@ -162,6 +183,18 @@ class CountingSteps(LocalKvClient):
     ) -> list[StepAllocations]:
         self.calls.append([[slot.num_tokens for slot in slots] for slots in steps])
         return await super().allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
+
+    async def allocate_stretch(
+        self,
+        stretch: DecodeStretch,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> StretchAllocations:
+        self.calls.append([[slot.num_tokens for slot in slots] for slots in stretch.steps()])
+        return await super().allocate_stretch(
+            stretch, probe, stop_if_cost_changes=stop_if_cost_changes
+        )
 
 
 @asynccontextmanager
@@ -780,7 +813,7 @@ def test_a_jump_that_may_not_cross_stops_before_a_block_boundary(
 @pytest.mark.parametrize("caching", [True, False])
 def test_a_jump_crosses_block_boundaries_in_one_call_when_nobody_waits(caching: bool) -> None:
     """With nobody waiting, one jump takes every decode step up to the finish: the
-    tables grow and (caching) the blocks fill in one `allocate_steps` call, each step's
+    tables grow and (caching) the blocks fill in one `allocate_stretch` call, each step's
     events in a batch of its own, stamped with its end, as when stepping."""
     config = EngineConfig(
         num_gpu_blocks=64, block_size=4, enable_prefix_caching=caching, timing=STEP
