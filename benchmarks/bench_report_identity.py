@@ -13,11 +13,12 @@ replaying the same trace with the same cache (`bench_engine.dynamo_replay`).
     python benchmarks/bench_report_identity.py --before /tmp/base-tree
     python benchmarks/bench_report_identity.py --before /tmp/base-tree --multiturn mt.jsonl
 
-Traces: the repository's sample trace (default flags) and the multi-turn trace
+Traces: the repository's sample trace (default flags), the multi-turn trace
 (``../shared/bench/gen_multiturn_trace.py --sessions 3000 --session-rate 1.0``, generated
 into a temporary directory unless ``--multiturn`` names a copy; ``--num-gpu-blocks
-4096``; ``--no-multiturn`` skips it). ``--kv-backend`` picks the backend (default: the
-CLI's, the actor).
+4096``; ``--no-multiturn`` skips it) and Mooncake's synthetic trace at 1,024 and 16,384
+blocks (``--no-mooncake`` skips it): every trace `bench_engine` times. ``--kv-backend``
+picks the backend (default: the CLI's, the actor).
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_engine import GENERATOR, MULTITURN_ARGS, MULTITURN_BLOCKS, dynamo_replay
+from bench_engine import (
+    GENERATOR,
+    MOONCAKE,
+    MOONCAKE_BLOCKS,
+    MULTITURN_ARGS,
+    MULTITURN_BLOCKS,
+    dynamo_replay,
+)
 from build_info import REPO
 
 from kvpool.engine import EngineConfig
@@ -135,17 +143,29 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="a built tree of the commit to compare")
     parser.add_argument("--repeat", type=int, default=1, help="runs per tree (least CPU kept)")
     parser.add_argument("--multiturn", type=Path, help="the multi-turn trace (else generated)")
-    parser.add_argument("--no-multiturn", action="store_true", help="the sample trace only")
+    parser.add_argument("--no-multiturn", action="store_true", help="skip the multi-turn trace")
+    parser.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's trace")
     parser.add_argument("--kv-backend", choices=("actor", "local"), default="actor")
     parser.add_argument("--no-dynamo", dest="dynamo", action="store_false")
     args = parser.parse_args()
     backend = ["--kv-backend", args.kv_backend]
     compare("sample trace", SAMPLE, backend, args)
-    if args.no_multiturn:
+    if not args.no_multiturn:
+        multiturn(args, ["--num-gpu-blocks", str(MULTITURN_BLOCKS), *backend])
+    if args.no_mooncake:
         return
-    blocks = ["--num-gpu-blocks", str(MULTITURN_BLOCKS), *backend]
+    if not MOONCAKE.is_file():
+        print(f"\nMooncake trace: skipped, no file {MOONCAKE}")
+        return
+    for blocks in MOONCAKE_BLOCKS:
+        compare("Mooncake trace", MOONCAKE, ["--num-gpu-blocks", str(blocks), *backend], args)
+
+
+def multiturn(args: argparse.Namespace, flags: list[str]) -> None:
+    """The multi-turn trace's comparison (generated into a temporary directory unless
+    ``--multiturn`` names a copy)."""
     if args.multiturn is not None:
-        compare("multi-turn trace", args.multiturn, blocks, args)
+        compare("multi-turn trace", args.multiturn, flags, args)
         return
     if not GENERATOR.is_file():
         print(f"\nmulti-turn trace: skipped, no generator {GENERATOR}")
@@ -157,7 +177,7 @@ def main() -> None:
             check=True,
             capture_output=True,
         )
-        compare("multi-turn trace", path, blocks, args)
+        compare("multi-turn trace", path, flags, args)
 
 
 if __name__ == "__main__":
