@@ -227,25 +227,35 @@ def plan_jump(
     plan.taken = step
     plan.sent = sent
     if plan.step_ends:
-        new_tokens: list[Sequence[int]] = []
-        for index in range(n):
+        plan.stretch = _stretch(running, plan, sent)
+    plan.clock = clock
+    plan.busy = busy
+    plan.active = active
+    return plan
+
+
+def _stretch(running: list[EngineRequest], plan: DecodeJump, sent: list[int]) -> DecodeStretch:
+    """The plan's slots as a `DecodeStretch` naming only the requests that take part
+    (a jump's slots are a few of a large batch), each with its generated tokens over
+    the whole plan as one span."""
+    position = [-1] * len(running)  # running index -> the request's index in the stretch
+    request_ids: list[str] = []
+    new_tokens: list[Sequence[int]] = []
+    members: list[int] = []
+    for index in plan.members:
+        member = position[index]
+        if member < 0:
+            member = position[index] = len(request_ids)
             request = running[index]
             since = request.num_sent
             output = request.spec.output
+            request_ids.append(request.request_id)
             new_tokens.append(
                 segment_span(output.seed, output.length, since, sent[index])
                 if since < sent[index]
                 else _NO_TOKENS
             )
-        plan.stretch = DecodeStretch(
-            [request.request_id for request in running],
-            new_tokens,
-            slot_members,
-            targets,
-            appends,
-            plan.step_ends,
-        )
-    plan.clock = clock
-    plan.busy = busy
-    plan.active = active
-    return plan
+        members.append(member)
+    return DecodeStretch(
+        request_ids, new_tokens, members, plan.targets, plan.appends, plan.step_ends
+    )

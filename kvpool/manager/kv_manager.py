@@ -460,7 +460,11 @@ class KvManager:
                 )
             checked = check_tokens(new_tokens[i])
             # sliced below, one slot's share at a time (`TokenRuns` has no slices)
-            given = checked.to_array() if isinstance(checked, TokenRuns) else checked
+            given: array[int] | range
+            if type(checked) is TokenRuns:  # not isinstance: an ABC's check is slow
+                given = checked.to_array()
+            else:
+                given = cast("array[int] | range", checked)
             states.append(state)
             tokens.append(given)
             placed.append(0)
