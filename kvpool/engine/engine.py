@@ -96,7 +96,7 @@ from kvpool.engine.kv_client import KvClient
 from kvpool.engine.metrics import EngineStats, close_batch, read_counters
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.scheduler import plan_slots, schedule_fitting
-from kvpool.engine.timing import is_context_free
+from kvpool.engine.timing import is_context_free, is_usage_free
 from kvpool.engine.work import step_work
 from kvpool.errors import InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
@@ -227,8 +227,10 @@ class MockEngine:
         # chain), and gets the tokens built here when events (which carry them) are on.
         self._with_tokens = config.enable_kv_cache_events
         # Whether a jump asks the timing model for every step's duration, or once (and
-        # again only when the usage changes): `kvpool.engine.timing.is_context_free`.
+        # again only when the usage changes, if it reads the usage):
+        # `kvpool.engine.timing.is_context_free`, `is_usage_free`.
         self._decode_time_varies = not is_context_free(config.timing)
+        self._decode_usage_matters = not is_usage_free(config.timing)
 
     def __repr__(self) -> str:
         return (
@@ -542,6 +544,7 @@ class MockEngine:
             config.num_gpu_blocks,
             config.timing,
             self._decode_time_varies,
+            self._decode_usage_matters,
             self.stats.busy_s,
             max_steps,
             cross_boundaries,

@@ -103,6 +103,7 @@ def plan_jump(
     capacity: int,
     timing: StepTiming,
     varies: bool,
+    usage_matters: bool,
     busy: float,
     max_steps: int,
     cross_boundaries: bool,
@@ -117,11 +118,11 @@ def plan_jump(
     each with the tokens generated since the manager last heard (``num_sent`` moves as
     `EngineRequest.take_pending` would move it; the plan's ``sent``, which the caller
     applies once the allocations are made). Each step's duration is the timing model's
-    for that step (``varies``: it reads the context; the active blocks change only at a
-    growth); at most ``max_steps`` steps. ``busy`` is the busy time so far: each step's
-    duration is added to it and to the clock one at a time, so both are bit for bit
-    those of single steps. Nothing else changes; taken 0 if the next step is not such a
-    step.
+    for that step (``varies``: it reads the context; ``usage_matters``: it reads the
+    active blocks, which change only at a growth); at most ``max_steps`` steps.
+    ``busy`` is the busy time so far: each step's duration is added to it and to the
+    clock one at a time, so both are bit for bit those of single steps. Nothing else
+    changes; taken 0 if the next step is not such a step.
     """
     plan = DecodeJump(clock, active)
     n = len(running)
@@ -199,7 +200,7 @@ def plan_jump(
                 heapq.heappush(heap, (min(next_grow[index], next_fill[index]), index))
             active += grows
             next_event = heap[0][0]
-        if (varies and step) or grows:
+        if (varies and step) or (grows and usage_matters):
             work = decode_work(n, context + step * n, active, capacity, block_size)
             duration = timing.duration(work)
         start = clock

@@ -98,6 +98,14 @@ def is_context_free(timing: StepTiming) -> bool:
     return getattr(timing, "context_free", False) is True
 
 
+def is_usage_free(timing: StepTiming) -> bool:
+    """Whether ``timing`` reads nothing of the pool's usage (``active_blocks``,
+    ``capacity``): a run of decode steps keeps its step time when a table grows. Said
+    as `is_context_free` says its own, with a ``usage_free`` attribute that is True; a
+    model that does not say so is asked again at every growth."""
+    return getattr(timing, "usage_free", False) is True
+
+
 @dataclass(frozen=True, slots=True)
 class TimingModel:
     """Simulated duration of one engine step; speed-of-light GPU costs, nothing more.
@@ -134,6 +142,11 @@ class TimingModel:
     @property
     def context_free(self) -> bool:
         """It reads no context (see `is_context_free`), unless a subclass's `duration` may."""
+        return type(self).duration is TimingModel.duration
+
+    @property
+    def usage_free(self) -> bool:
+        """It reads no usage (see `is_usage_free`), unless a subclass's `duration` may."""
         return type(self).duration is TimingModel.duration
 
 

@@ -1,6 +1,8 @@
 """The engine asks a timing model whether a run of decode steps has one step time
-(`is_context_free`) instead of switching on its class: a model that says so is asked
-once per jump, any other every step, and the results are the same either way."""
+(`is_context_free`) and whether a growth can change it (`is_usage_free`) instead of
+switching on its class: a model that says so is asked once per jump (and again at each
+growth unless it reads no usage), any other every step, and the results are the same
+either way."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from kvpool.engine import (
     StepWork,
     TimingModel,
 )
-from kvpool.engine.timing import is_context_free
+from kvpool.engine.timing import is_context_free, is_usage_free
 from kvpool.workloads import RequestSpec, Segment
 
 
@@ -34,6 +36,7 @@ class CountingTiming:
     """The linear model, counting how often it is asked, saying what it is told to."""
 
     context_free: bool
+    usage_free: bool = False
     calls: list[int] = field(default_factory=list)
 
     def duration(self, work: StepWork) -> float:
@@ -47,6 +50,14 @@ def test_the_models_say_whether_they_read_the_context() -> None:
     assert not is_context_free(LinearPlusContext())
     assert not is_context_free(Dynamo16Timing())
     assert not is_context_free(CountingTiming(context_free=False))
+
+
+def test_the_models_say_whether_they_read_the_usage() -> None:
+    assert is_usage_free(TimingModel())
+    assert not is_usage_free(DynamoTiming())  # its decode time is a polynomial of usage
+    assert not is_usage_free(LinearPlusContext())
+    assert not is_usage_free(Dynamo16Timing())
+    assert not is_usage_free(CountingTiming(context_free=True))
 
 
 def run(timing: CountingTiming) -> tuple[float, int]:
@@ -68,3 +79,12 @@ def test_a_context_free_model_is_asked_once_a_jump_with_the_same_result() -> Non
     free, varying = CountingTiming(context_free=True), CountingTiming(context_free=False)
     assert run(free) == run(varying)
     assert len(free.calls) < len(varying.calls)
+
+
+def test_a_usage_free_model_is_not_asked_again_when_a_table_grows() -> None:
+    """200 decode steps cross 12 block boundaries: a model that reads the usage is asked
+    again at each, one that does not only once per jump; the clock is the same."""
+    free = CountingTiming(context_free=True, usage_free=True)
+    reading = CountingTiming(context_free=True)
+    assert run(free) == run(reading)
+    assert len(free.calls) < len(reading.calls)
