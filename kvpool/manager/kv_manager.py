@@ -82,6 +82,7 @@ from kvpool.pool import BlockId, BlockPool
 
 _NO_PREFIX: list[int] = []  # never changed: the chain of an allocation that reuses nothing
 _NO_FLAGS: list[bool] = []  # never changed: no block an allocation cached
+_NO_MARKS = (-1, -1, -1)  # the marks of a step that starts with no known cost (unused)
 
 
 class KvManager:
@@ -370,7 +371,7 @@ class KvManager:
         last = len(checked) - 1
         known = None if watched is None else self.prefill_cost(probe)
         for index, step in enumerate(checked):
-            marks = self._cost_marks()
+            marks = self._cost_marks() if known is not None else _NO_MARKS
             allocations: list[Allocation] = []
             for state, num_tokens, appended, needed in step:
                 allocation = self._grow(state, num_tokens, needed, appended, True)
@@ -534,7 +535,7 @@ class KvManager:
         used = [0] * n
         start = 0
         for step, end in enumerate(ends):
-            marks = self._cost_marks()
+            marks = self._cost_marks() if known is not None else _NO_MARKS
             stopped = False
             touched = False
             for k in range(start, end):
