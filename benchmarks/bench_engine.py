@@ -298,7 +298,10 @@ def jump_counts(run: SimulationRun) -> tuple[int, int]:
 
 class CountingKv:
     """A KV client that counts the calls of each of its methods, by name, in ``counts``
-    (every other attribute is the wrapped client's)."""
+    (every other attribute is the wrapped client's); an inline client's
+    ``allocate_steps`` calls also by where they come from: an admission (every slot a
+    first allocation) or a step's scheduling, as ``allocate_steps: admission`` and
+    ``allocate_steps: scheduling``."""
 
     def __init__(self, inner: KvClient, counts: Counter[str]) -> None:
         self._inner = inner
@@ -309,9 +312,15 @@ class CountingKv:
         if not callable(attr):
             return attr
         counts = self._counts
+        inner = self._inner
+        manager = inner.manager if isinstance(inner, LocalKvClient) else None
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             counts[name] += 1
+            if name == "allocate_steps" and manager is not None:
+                slots = [slot for step in args[0] for slot in step]
+                first = all(not manager.num_blocks(slot.request_id) for slot in slots)
+                counts[f"{name}: {'admission' if first else 'scheduling'}"] += 1
             return attr(*args, **kwargs)
 
         return counted
@@ -322,12 +331,35 @@ class CountingKv:
         return lambda kv: cast(KvClient, CountingKv(kv, counts))
 
 
+CALL_SITES = (
+    ("admissions", "allocate_steps: admission"),
+    ("scheduling", "allocate_steps: scheduling"),
+    ("jumps", "allocate_stretch"),
+    ("arrivals", "add_request"),
+    ("finishing steps", "finish_step"),
+)
+"""Where the engine's KV calls come from, and the count each is read from."""
+
+
+def calls_per_request(counts: Counter[str], requests: int) -> str:
+    """The calls per request, by where they come from (`CALL_SITES`), and the rest."""
+    sites = [(label, counts[key]) for label, key in CALL_SITES]
+    named = sum(n for _, n in sites)
+    total = counts.total() - counts["allocate_steps: admission"]
+    total -= counts["allocate_steps: scheduling"]
+    parts = [f"{label} {n / requests:.2f}" for label, n in sites]
+    parts.append(f"other {(total - named) / requests:.2f}")
+    return f"{total / requests:.2f} per request ({', '.join(parts)})"
+
+
 def describe_calls(counts: Counter[str]) -> str:
-    """``N (method n, ...)``: the total and the most frequent methods."""
-    top = counts.most_common(5)
-    rest = counts.total() - sum(n for _, n in top)
+    """``N (method n, ...)``: the total and the most frequent methods (the call-site
+    counts `CountingKv` keeps beside them left out)."""
+    methods = Counter({name: n for name, n in counts.items() if ":" not in name})
+    top = methods.most_common(5)
+    rest = methods.total() - sum(n for _, n in top)
     parts = [f"{name} {n:,}" for name, n in top] + ([f"other {rest:,}"] if rest else [])
-    return f"{counts.total():,} ({', '.join(parts)})"
+    return f"{methods.total():,} ({', '.join(parts)})"
 
 
 def differences(first: WorkerReport, second: WorkerReport) -> list[str]:
@@ -543,6 +575,7 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
             f"({100 * jumped / max(total.steps, 1):.0f}% of steps jumped)"
         )
         print(f"  KV calls (actor round trips), fast-forward: {describe_calls(calls)}")
+        print(f"    {calls_per_request(calls, len(trace))}")
         if step_by_step:
             calls = Counter()
             run_trace(trace, config, "local", False, CountingKv.wrapper(calls))

@@ -3,8 +3,9 @@
 Runs a few simulations of the embedded workload through the Python API (`run_simulation`
 with one `EventCollector` per worker: one worker, two least-loaded, three round-robin,
 two in lockstep) and, with ``--traces``, the benchmark traces with KV events on (the
-multi-turn trace at 4,096 blocks, Mooncake's at 1,024 and 16,384; one worker, each batch
-digested as it is published, so no event is kept), with this tree's code and, with
+multi-turn trace at 4,096 blocks, Mooncake's at 1,024 and 16,384 unless
+``--no-mooncake``; one worker, each batch digested as it is published, so no event is
+kept), with this tree's code and, with
 ``--before DIR``, with another tree's, each in a subprocess, and prints per run the
 batches published and a digest of all of them (each batch's rank, events, and ``ts``
 less the epoch: its simulated end), then whether the two trees agree.
@@ -91,20 +92,25 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per run")
     parser.add_argument("--traces", action="store_true", help="also the benchmark traces")
     parser.add_argument("--multiturn", type=Path, help="the multi-turn trace (else generated)")
+    parser.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's trace")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        traces = benchmark_traces(args.multiturn, Path(tmp)) if args.traces else []
+        traces = (
+            benchmark_traces(args.multiturn, Path(tmp), not args.no_mooncake) if args.traces else []
+        )
         return compare(args, traces)
 
 
-def benchmark_traces(multiturn: Path | None, workdir: Path) -> list[tuple[str, int]]:
+def benchmark_traces(
+    multiturn: Path | None, workdir: Path, mooncake: bool
+) -> list[tuple[str, int]]:
     """The traces and pool sizes `bench_engine` runs (the multi-turn one generated into
-    ``workdir`` unless given), those that exist."""
+    ``workdir`` unless given; Mooncake's if ``mooncake``), those that exist."""
     traces: list[tuple[str, int]] = []
     path = multiturn_trace(multiturn, workdir)
     if path is not None:
         traces.append((str(path), MULTITURN_BLOCKS))
-    if MOONCAKE.is_file():
+    if mooncake and MOONCAKE.is_file():
         traces += [(str(MOONCAKE), blocks) for blocks in MOONCAKE_BLOCKS]
     return traces
 

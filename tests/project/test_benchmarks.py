@@ -32,17 +32,28 @@ RUNS = {
         ],
         [
             *("fast-forward", "step by step", "steps simulated", "KV calls", "ms/request"),
+            "per request (admissions",
             *("16384", "in the model", "database queries"),
         ],
     ),
     "events": (["bench_events.py"], ["tokens", "batches"]),
     "event-identity": (["bench_event_identity.py", "--requests", "40"], ["digest"]),
+    "event-identity-traces": (
+        [
+            *("bench_event_identity.py", "--requests", "10", "--traces", "--no-mooncake"),
+            *("--multiturn", SAMPLE),
+        ],
+        ["digest", "sample_trace.jsonl 4096"],
+    ),
     "fidelity": (
         ["bench_fidelity.py", "--multiturn", SAMPLE, "--timing", "polynomial"],
         ["preemptions", "hit tokens", "same TTFT", "target"],
     ),
     "report-identity": (
-        ["bench_report_identity.py", "--no-multiturn", "--no-dynamo", "--kv-backend", "local"],
+        [
+            *("bench_report_identity.py", "--no-multiturn", "--no-mooncake", "--no-dynamo"),
+            *("--kv-backend", "local"),
+        ],
         ["sample trace", "this tree"],
     ),
     "memory": (
