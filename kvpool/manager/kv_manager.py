@@ -428,20 +428,26 @@ class KvManager:
             raise InvalidArgumentError(
                 f"a DecodeStretch's fields must be lists, got {stretch!r:.200}"
             )
-        request_ids = stretch.request_ids
+        # Checked through untyped views: a compiled typed read of a bad item would raise
+        # a bare TypeError; once checked, the fields are read as typed.
+        unchecked_ids: list[object] = raw.request_ids
+        unchecked_members: list[object] = raw.members
+        unchecked_targets: list[object] = raw.targets
+        unchecked_appends: list[object] = raw.appends
+        unchecked_ends: list[object] = raw.step_ends
         new_tokens = stretch.new_tokens
-        members = stretch.members
-        targets = stretch.targets
-        appends = stretch.appends
-        ends = stretch.step_ends
-        n = len(request_ids)
-        slots = len(members)
-        if len(new_tokens) != n or len(targets) != slots or len(appends) != slots:
+        n = len(unchecked_ids)
+        slots = len(unchecked_members)
+        if (
+            len(new_tokens) != n
+            or len(unchecked_targets) != slots
+            or len(unchecked_appends) != slots
+        ):
             raise InvalidArgumentError(
                 "a stretch needs one new_tokens per request and one target and one "
                 "appends per member"
             )
-        if not ends or ends[-1] != slots:
+        if not unchecked_ends or unchecked_ends[-1] != slots:
             raise InvalidArgumentError("a stretch's step_ends must end at its last slot")
         states: list[RequestState] = []
         tokens: list[array[int] | range] = []
@@ -450,8 +456,8 @@ class KvManager:
         step_of: list[int] = []  # the last step that named each request
         seen: set[str] = set()
         for i in range(n):
-            request_id = request_ids[i]
-            state = self._get(request_id)
+            state = self._get(unchecked_ids[i])
+            request_id = cast(str, unchecked_ids[i])  # `_get` found it: a registered str
             if request_id in seen:
                 raise InvalidArgumentError(f"request {request_id!r} appears twice in a stretch")
             seen.add(request_id)
@@ -475,23 +481,27 @@ class KvManager:
         capacity = self._pool.capacity
         needs: list[int] = []
         start = 0
-        for step, end in enumerate(ends):
-            if type(end) is not int or not start <= end <= slots:
-                raise InvalidArgumentError(f"step_ends must not decrease, got {ends!r:.200}")
+        for step, unchecked_end in enumerate(unchecked_ends):
+            if type(unchecked_end) is not int or not start <= unchecked_end <= slots:
+                raise InvalidArgumentError(
+                    f"step_ends must be ints that do not decrease, got {unchecked_ends!r:.200}"
+                )
+            end = unchecked_end
             for k in range(start, end):
-                member = members[k]
-                target = targets[k]
-                count = appends[k]
-                if type(member) is not int or not 0 <= member < n:
-                    raise InvalidArgumentError(f"member {member!r} names no request of the stretch")
-                request_id = request_ids[member]
+                unchecked_member = unchecked_members[k]
+                if type(unchecked_member) is not int or not 0 <= unchecked_member < n:
+                    raise InvalidArgumentError(
+                        f"member {unchecked_member!r} names no request of the stretch"
+                    )
+                member = unchecked_member
+                target = check_count(unchecked_targets[k], "num_tokens")
+                count = check_count(unchecked_appends[k], "appends")
+                request_id = cast(str, unchecked_ids[member])
                 if step_of[member] == step:
                     raise InvalidArgumentError(
                         f"request {request_id!r} appears twice in one step's allocations"
                     )
                 step_of[member] = step
-                check_count(target, "num_tokens")
-                check_count(count, "appends")
                 placed[member] += count
                 if placed[member] > len(tokens[member]):
                     raise InvalidArgumentError(
@@ -513,7 +523,7 @@ class KvManager:
         for i in range(n):
             if placed[i] != len(tokens[i]):
                 raise InvalidArgumentError(
-                    f"request {request_ids[i]!r}: {len(tokens[i]) - placed[i]} of its new "
+                    f"request {unchecked_ids[i]!r}: {len(tokens[i]) - placed[i]} of its new "
                     "tokens are placed in no slot"
                 )
         probe_state = None if probe is None else self._get(probe)
@@ -526,6 +536,10 @@ class KvManager:
         for i in range(n):
             if states[i] is probe_state:
                 probe_member = i
+        members = stretch.members  # checked: typed reads from here on
+        targets = stretch.targets
+        appends = stretch.appends
+        ends = stretch.step_ends
         allocations: list[Allocation] = []
         kv_events: list[int] = []
         events: list[tuple[int, list[KVEvent]]] = []
@@ -603,7 +617,8 @@ class KvManager:
         for slot in slots:
             if type(slot) is not SlotRequest:
                 raise InvalidArgumentError(f"expected a SlotRequest, got {slot!r}")
-            request_id = slot.request_id
+            raw: Any = slot  # read untyped: a typed read of a bad field raises a bare TypeError
+            request_id = check_request_id(raw.request_id)
             if several:
                 if request_id in seen:
                     raise InvalidArgumentError(
@@ -612,7 +627,7 @@ class KvManager:
                 seen.add(request_id)
             before = earlier.get(request_id, 0) if earlier else 0
             state, count, appended, needed = self._check_allocation(
-                request_id, slot.num_tokens, slot.new_tokens, before
+                request_id, raw.num_tokens, raw.new_tokens, before
             )
             if appended is not None:
                 earlier[request_id] = before + len(appended)
@@ -900,10 +915,19 @@ class KvManager:
         for update in updates:
             if type(update) is not StepUpdate:
                 raise InvalidArgumentError(f"expected a StepUpdate, got {update!r:.200}")
-            self._get(update.request_id)
-            if update.append:
-                check_tokens(update.append)
-            if update.free and update.request_id == probe:
+            raw: Any = update  # read untyped: a typed read of a bad field raises a bare TypeError
+            self._get(raw.request_id)
+            if type(raw.append) is not list or type(raw.computed) is not int:
+                raise InvalidArgumentError(
+                    f"a StepUpdate's append must be a list and computed an int, got {update!r:.200}"
+                )
+            if type(raw.free) is not bool:
+                raise InvalidArgumentError(
+                    f"a StepUpdate's free must be a bool, got {update!r:.200}"
+                )
+            if raw.append:
+                check_tokens(raw.append)
+            if raw.free and raw.request_id == probe:
                 raise InvalidArgumentError(f"the probe {probe!r} is freed by the step's updates")
         if probe is not None:
             self._get(probe)

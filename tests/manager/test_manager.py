@@ -482,6 +482,15 @@ def _misuse_manager() -> KvManager:
         (lambda m: m.finish_step([StepUpdate("a", [], -1, True)], "nope"), UnknownRequestError),
         (lambda m: m.finish_step([StepUpdate("a", [], -1, True)], "a"), InvalidArgumentError),
         (lambda m: m.finish_step([StepUpdate("nope", [], -1, True)], "b"), UnknownRequestError),
+        # fields of the wrong type (the compiled manager reads them typed): typed errors
+        (lambda m: m.allocate_steps([[Slot(3, 4)]]), InvalidArgumentError),
+        (lambda m: m.allocate_steps([[Slot("b", "4")]]), InvalidArgumentError),
+        (lambda m: m.allocate_steps([[Slot("b", 4, 5)]]), InvalidArgumentError),
+        (lambda m: m.finish_step([StepUpdate(3, [], -1, True)]), InvalidArgumentError),
+        (lambda m: m.finish_step([StepUpdate("b", 5, -1, False)]), InvalidArgumentError),
+        (lambda m: m.finish_step([StepUpdate("b", (1,), -1, False)]), InvalidArgumentError),
+        (lambda m: m.finish_step([StepUpdate("b", [], "4", False)]), InvalidArgumentError),
+        (lambda m: m.finish_step([StepUpdate("a", [], -1, "yes")]), InvalidArgumentError),
     ],
 )
 def test_misuse_raises_a_typed_error_and_changes_nothing(call: Any, error: type[PoolError]) -> None:

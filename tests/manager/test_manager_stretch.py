@@ -141,6 +141,13 @@ GOOD = DecodeStretch(["a", "b"], [[5], [6, 7]], [0, 1, 1], [4, 4, 5], [1, 1, 1],
         (DecodeStretch(["a"], [[5]], [0], [4], [-1], [1]), InvalidArgumentError),
         (DecodeStretch(["a"], [[2**32]], [0], [4], [1], [1]), InvalidArgumentError),
         (DecodeStretch(["a"], [list(range(40))], [0], [43], [40], [1]), CapacityError),
+        # items of the wrong type: typed errors, never a bare TypeError
+        (DecodeStretch([3], [[5]], [0], [4], [1], [1]), InvalidArgumentError),  # type: ignore[list-item]
+        (DecodeStretch(["a"], [[5]], ["0"], [4], [1], [1]), InvalidArgumentError),  # type: ignore[list-item]
+        (DecodeStretch(["a"], [[5]], [0], ["4"], [1], [1]), InvalidArgumentError),  # type: ignore[list-item]
+        (DecodeStretch(["a"], [[5]], [0], [4], [1.0], [1]), InvalidArgumentError),  # type: ignore[list-item]
+        (DecodeStretch(["a"], [[5]], [0], [4], [1], [1.0]), InvalidArgumentError),  # type: ignore[list-item]
+        (DecodeStretch(["a"], [5], [0], [4], [1], [1]), InvalidArgumentError),  # type: ignore[list-item]
     ],
 )
 def test_a_bad_stretch_raises_and_changes_nothing(stretch: Any, error: type[PoolError]) -> None:
