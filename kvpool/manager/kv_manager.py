@@ -415,7 +415,9 @@ class KvManager:
         """
         if type(stretch) is not DecodeStretch:
             raise InvalidArgumentError(f"expected a DecodeStretch, got {stretch!r:.200}")
-        raw: Any = stretch  # read untyped: a typed read would raise a bare TypeError
+        # Checked through untyped views (a compiled typed read of a bad field or item
+        # raises a bare TypeError); once checked, the fields are read as typed.
+        raw: Any = stretch
         fields: tuple[object, ...] = (
             raw.request_ids,
             raw.new_tokens,
@@ -428,8 +430,6 @@ class KvManager:
             raise InvalidArgumentError(
                 f"a DecodeStretch's fields must be lists, got {stretch!r:.200}"
             )
-        # Checked through untyped views: a compiled typed read of a bad item would raise
-        # a bare TypeError; once checked, the fields are read as typed.
         unchecked_ids: list[object] = raw.request_ids
         unchecked_members: list[object] = raw.members
         unchecked_targets: list[object] = raw.targets
