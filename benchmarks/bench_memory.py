@@ -18,8 +18,10 @@ The run is ``kvpool simulate --trace FILE --num-gpu-blocks 4096 --no-progress`` 
 flag given here is passed on to it) in a child process; the figures are the child's peak
 resident set size (``ru_maxrss`` from ``wait4``: the interpreter, the imports and the
 whole run, report included), its wall time (startup and the trace's validation pass
-included) and the run's own wall time from its JSON report. Target: peak RSS
-under 500 MB (10^6 bytes).
+included) and the run's own wall time from its JSON report, then (``--no-dynamo``
+skips it) NVIDIA Dynamo's Rust replay of the same trace with the same cache and the
+ratio of the two, as `bench_engine.py` prints it. Target: peak RSS under 500 MB
+(10^6 bytes).
 
 ``--breakdown`` runs the same simulation in this process instead and prints what holds
 the memory when the run ends (each `EngineStats` container: per-step samples, latency
@@ -82,8 +84,9 @@ def generate(path: Path, sessions: int) -> None:
     print(" ", done.stdout.strip())
 
 
-def measure(trace: Path, blocks: int, extra: list[str], timeout: float) -> None:
-    """Run ``kvpool simulate`` on ``trace`` in a child and print its peak RSS and times."""
+def measure(trace: Path, blocks: int, extra: list[str], timeout: float, dynamo: bool) -> None:
+    """Run ``kvpool simulate`` on ``trace`` in a child and print its peak RSS and times;
+    with ``dynamo`` (and no flag passed on), Dynamo's replay of the same trace beside."""
     with tempfile.TemporaryDirectory(prefix="bench_memory_") as workdir:
         report_path = Path(workdir) / "report.json"
         command = [
@@ -140,6 +143,33 @@ def measure(trace: Path, blocks: int, extra: list[str], timeout: float) -> None:
                 f"{total['generated_tokens']:,} tokens generated, "
                 f"preemptions {total['preemptions']}"
             )
+            if dynamo:
+                dynamo_row(trace, blocks, extra, report["wall_s"])
+
+
+def dynamo_row(trace: Path, blocks: int, extra: list[str], wall_s: float) -> None:
+    """Dynamo's replay of ``trace`` with the same cache (`bench_engine.dynamo_replay`),
+    in this process, and how long kvpool's run takes beside it."""
+    if extra:
+        print(f"  Dynamo mocker: skipped (flags passed on: {' '.join(extra)})")
+        return
+    from bench_engine import dynamo_replay
+
+    from kvpool.engine import EngineConfig
+
+    try:
+        replayed = dynamo_replay(trace, EngineConfig(num_gpu_blocks=blocks), 1)
+    except Exception as exc:  # its own checks refuse some traces: say so
+        print(f"  Dynamo mocker: failed on this trace ({exc})")
+        return
+    if replayed is None:
+        print("  Dynamo mocker: skipped (pip install ai-dynamo-runtime to compare)")
+        return
+    dynamo_s, completed = replayed
+    print(
+        f"  Dynamo mocker, offline   {dynamo_s:8.1f} s  ({completed:,} requests, its Rust "
+        f"replay, same trace and cache; kvpool's run takes {wall_s / dynamo_s:.1f}x as long)"
+    )
 
 
 def deep_size(root: object) -> int:
@@ -308,6 +338,12 @@ def main() -> None:
         action="store_true",
         help="with --breakdown: trace the whole run, for the allocation sites (slower)",
     )
+    parser.add_argument(
+        "--no-dynamo",
+        dest="dynamo",
+        action="store_false",
+        help="skip Dynamo's replay of the trace beside the run",
+    )
     args, extra = parser.parse_known_args()
     print(describe_build(compiled=False))
     trace: Path = args.trace or default_trace(args.sessions)
@@ -326,7 +362,7 @@ def main() -> None:
             trace, args.num_gpu_blocks, flags.fast_forward, flags.kv_backend, args.tracemalloc
         )
         return
-    measure(trace, args.num_gpu_blocks, extra, args.timeout)
+    measure(trace, args.num_gpu_blocks, extra, args.timeout, args.dynamo)
 
 
 if __name__ == "__main__":
