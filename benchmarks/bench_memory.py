@@ -153,12 +153,13 @@ def dynamo_row(trace: Path, blocks: int, extra: list[str], wall_s: float) -> Non
     if extra:
         print(f"  Dynamo mocker: skipped (flags passed on: {' '.join(extra)})")
         return
-    from bench_engine import dynamo_replay
+    from bench_engine import dynamo_replay, plain_copy
 
     from kvpool.engine import EngineConfig
 
     try:
-        replayed = dynamo_replay(trace, EngineConfig(num_gpu_blocks=blocks), 1)
+        with plain_copy(trace) as plain:  # Dynamo's replay reads plain JSON lines
+            replayed = dynamo_replay(plain, EngineConfig(num_gpu_blocks=blocks), 1)
     except Exception as exc:  # its own checks refuse some traces: say so
         print(f"  Dynamo mocker: failed on this trace ({exc})")
         return

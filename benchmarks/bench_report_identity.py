@@ -41,6 +41,7 @@ from bench_engine import (
     MULTITURN_ARGS,
     MULTITURN_BLOCKS,
     dynamo_replay,
+    plain_copy,
 )
 from build_info import REPO
 
@@ -124,7 +125,8 @@ def compare(label: str, trace: Path, flags: list[str], args: argparse.Namespace)
         if args.dynamo and "--num-gpu-blocks" in flags:
             blocks = int(flags[flags.index("--num-gpu-blocks") + 1])
             try:
-                replayed = dynamo_replay(trace, EngineConfig(num_gpu_blocks=blocks), 1)
+                with plain_copy(trace) as plain:  # Dynamo's replay reads plain JSON lines
+                    replayed = dynamo_replay(plain, EngineConfig(num_gpu_blocks=blocks), 1)
             except Exception as exc:  # its own checks refuse some traces: say so, go on
                 print(f"  Dynamo mocker: failed on this trace ({exc})")
                 return
