@@ -32,8 +32,9 @@ _SEED: Final = 0x4B4559  # keeps keys apart from Dynamo's seed-1337 hashes (hygi
 _pack_one: Final = struct.Struct("<QII").pack
 _pack_base: Final = struct.Struct("<QI").pack
 _INDEX_MASK: Final = RANGE_BLOCKS - 1
-# A stretch's keys stay under 2**63, so each is a C long: `range` counts them natively.
-_BASE_MASK: Final = ((1 << 63) - 1) ^ _INDEX_MASK
+# A stretch's keys stay under 2**62: each is a C long, so `range` counts them natively,
+# and a short int to compiled code, so the pool checks and compares them as machine words.
+_BASE_MASK: Final = ((1 << 62) - 1) ^ _INDEX_MASK
 
 
 def _block_key(parent: int, pieces: list[int]) -> int:
@@ -50,7 +51,7 @@ class RunKeyer:
 
     A block whose tokens are one run of consecutive ids is keyed in closed form: the
     first of a stretch gets ``xxh3(parent, start)`` with its low `RANGE_BITS` and its
-    top bit cleared (a *base*), and each block after it that continues the run takes
+    top two bits cleared (a *base*), and each block after it that continues the run takes
     the next key (base + 1, + 2, ..., `RANGE_BLOCKS` blocks a stretch), so a run of n
     blocks costs one digest and n additions, not n digests. A block of several runs gets one digest
     of them all (`_block_key`).
@@ -59,7 +60,7 @@ class RunKeyer:
     runs (flat pairs) of the tokens after the last full block, ``_tail_len`` their
     count; ``_next`` is the start token a block needs to continue the last block's
     stretch (-1: none can: the last block was several runs, or its stretch is full).
-    A base determines its start token (up to a collision of 57-bit digests), so a key is a
+    A base determines its start token (up to a collision of 56-bit digests), so a key is a
     function of the parent key and the block's tokens alone, however the runs were cut
     and fed: two sequences get the same key for block ``i`` exactly when their tokens
     up to the end of block ``i`` are equal.
