@@ -118,7 +118,7 @@ class RunKeyer:
                 self._last = _block_key(self._last, tail)
                 self._next = -1
                 self._hashes.append(self._last)
-            self._tail = []
+            tail.clear()  # the keyer's own list: reused, not rebuilt, block after block
             self._tail_len = 0
             start = (start + take) & TOKEN_MASK
             length -= take
@@ -128,7 +128,9 @@ class RunKeyer:
             start = (start + full * bs) & TOKEN_MASK
             length -= full * bs
         if length:
-            self._tail = [start, length]
+            tail = self._tail
+            tail.append(start)  # empty: no partial block was left, or it just filled
+            tail.append(length)
             self._tail_len = length
 
     def _key_run(self, start: int, blocks: int) -> None:
@@ -142,7 +144,10 @@ class RunKeyer:
             else:
                 key = _xxh3(_pack_base(last, start), _SEED) & _BASE_MASK
             count = min(blocks, RANGE_BLOCKS - (key & _INDEX_MASK))
-            hashes.extend(range(key, key + count))
+            if count == 1:  # a decode step's block: no range to build
+                hashes.append(key)
+            else:
+                hashes.extend(range(key, key + count))
             last = key + count - 1
             start = (start + count * bs) & TOKEN_MASK
             blocks -= count
