@@ -64,6 +64,7 @@ import cProfile
 import functools
 import gc
 import gzip
+import inspect
 import math
 import os
 import pstats
@@ -331,6 +332,89 @@ class CountingKv:
         return lambda kv: cast(KvClient, CountingKv(kv, counts))
 
 
+class RecordingKv:
+    """A KV client that appends each async call's ``(method, reply)`` to ``log`` (every
+    other attribute is the wrapped client's)."""
+
+    def __init__(self, inner: KvClient, log: list[tuple[str, Any]]) -> None:
+        self._inner = inner
+        self._log = log
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+        log = self._log
+
+        async def recorded(*args: Any, **kwargs: Any) -> Any:
+            reply = await attr(*args, **kwargs)
+            log.append((name, reply))
+            return reply
+
+        return recorded
+
+
+class ReplayedKv:
+    """A KV client that answers each async call with the next reply of a `RecordingKv`
+    log, doing no KV work: the same run's engine, loop and trace reading alone (the
+    engine is deterministic, so it makes the same calls in the same order; a call out
+    of order fails)."""
+
+    def __init__(self, inner: KvClient, log: list[tuple[str, Any]]) -> None:
+        self._inner = inner
+        self._replies = iter(log)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+        replies = self._replies
+
+        async def replayed(*_args: Any, **_kwargs: Any) -> Any:
+            method, reply = next(replies)
+            if method != name:
+                raise RuntimeError(f"replay out of step: {name} called, {method} recorded")
+            return reply
+
+        setattr(self, name, replayed)  # later lookups skip __getattr__
+        return replayed
+
+
+def kv_share_row(
+    trace: MooncakeTrace, config: EngineConfig, repeat: int, local: Timed | None = None
+) -> None:
+    """The local backend's run (``local``, if timed already) against the same run with
+    every KV call answered from a recording of it: the engine, the loop and the trace
+    alone, so the difference is what the manager, the pool and the naming of blocks
+    cost (the most any change to them can save; the actor's round trips come on top)."""
+    shown = local is None
+    if local is None:
+        local = best_of(repeat, functools.partial(run_trace, trace, config, "local", True))
+    log: list[tuple[str, Any]] = []
+    recorded, _ = run_trace(
+        trace, config, "local", True, lambda kv: cast(KvClient, RecordingKv(kv, log))
+    )
+    expected = recorded.report.total
+    del recorded
+
+    def replay() -> tuple[SimulationRun, float]:
+        return run_trace(
+            trace, config, "local", True, lambda kv: cast(KvClient, ReplayedKv(kv, log))
+        )
+
+    alone = best_of(repeat, replay)
+    same = "same totals" if not differences(alone.total, expected) else "totals DIFFER"
+    kv_s = local.wall_s - alone.wall_s
+    if shown:
+        row("local, fast-forward", local)
+    row(
+        "engine alone",
+        alone,
+        f"(its {len(log):,} KV calls answered from a recording, {same}: the manager, "
+        f"pool and naming take {kv_s:.2f} s, {100 * kv_s / local.wall_s:.0f}% of the local run)",
+    )
+
+
 CALL_SITES = (
     ("admissions", "allocate_steps: admission"),
     ("scheduling", "allocate_steps: scheduling"),
@@ -532,6 +616,7 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
         print(f"  {'backend, path':24s} {'runs':>10s} {'wall time':>11s} {'req/wall s':>10s}")
         fast_total: WorkerReport | None = None
         actor_fast: Timed | None = None
+        local_fast: Timed | None = None
         for backend in ("actor", "local"):
             fast = best_of(repeat, functools.partial(run_trace, trace, config, backend, True))
             met = "met" if fast.requests_per_s >= TARGET_REQUESTS_PER_S else "NOT met"
@@ -540,6 +625,8 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
             fast_total = fast.total
             if backend == "actor":
                 actor_fast = fast
+            else:
+                local_fast = fast
             if step_by_step:
                 slow = best_of(1, functools.partial(run_trace, trace, config, backend, False))
                 differ = differences(fast.total, slow.total)
@@ -554,6 +641,7 @@ def multiturn_section(path: Path, repeat: int, step_by_step: bool, reproduce: st
         assert fast_total is not None
         assert actor_fast is not None
         dynamo_row(path, config, repeat, actor_fast)
+        kv_share_row(trace, config, repeat, local_fast)
         # untimed runs, counting (local backend: the engine makes the same calls on both)
         calls: Counter[str] = Counter()
         clients: list[KvClient] = []
@@ -622,6 +710,8 @@ def mooncake_section(path: Path, repeat: int, reproduce: str, aic_blocks: int) -
                     f"{total.steps:,} steps)",
                 )
                 dynamo_row(plain, config, repeat, timed)
+                if blocks == MOONCAKE_BLOCKS[-1]:
+                    kv_share_row(trace, config, repeat)
                 if blocks == aic_blocks:
                     aic_rows(trace, blocks, repeat, timed)
 

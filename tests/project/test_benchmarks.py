@@ -32,6 +32,7 @@ RUNS = {
         ],
         [
             *("fast-forward", "step by step", "steps simulated", "KV calls", "ms/request"),
+            "answered from a recording, same totals",
             "per request (admissions",
             *("16384", "in the model", "database queries"),
         ],
