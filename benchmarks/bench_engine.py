@@ -54,6 +54,12 @@ the trace's second read included):
   and the database queries they miss,
   counted) against the linear model's.
 
+On both traces (Mooncake's at 16384 blocks) an **engine alone** row follows: the same
+run on the local backend with every KV call answered from a recording of it
+(`ReplayedKv`), so no manager, pool or block naming runs; its totals are checked equal to
+the recorded run's. The difference from the local run is what the KV side costs: the most
+any change to the manager or the pool can save (the actor's round trips come on top).
+
 Fast variants are best of ``--repeat``; a run longer than `SLOW_S` is not repeated.
 """
 
