@@ -996,11 +996,18 @@ class KvManager:
             if self._pool.cache_private(table[start], hashes[start]):
                 self._stored(state, start, stop)
             return
-        first = (
-            self._pool.cache_chain(table[start:stop], hashes[start:stop]) if stop > start else []
-        )
-        if stored:
-            first += stored
+        if stop > start:
+            first = self._pool.cache_chain(table[start:stop], hashes[start:stop])
+            if stored:
+                first += stored
+        else:
+            first = stored  # only read below
+        if not self._record_events and False not in first:
+            # No event to build, and the new hashes are one run (a prompt's fresh blocks,
+            # the common case): its one event counted without a loop over the flags.
+            if first:
+                self._num_events += 1
+            return
         run_start = -1
         end = start + len(first)
         for i, new in enumerate(first, start):
