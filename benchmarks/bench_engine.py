@@ -56,7 +56,7 @@ the trace's second read included):
 
 On both traces (Mooncake's at 16384 blocks) an **engine alone** row follows: the same
 run on the local backend with every KV call answered from a recording of it
-(`ReplayedKv`), so no manager, pool or block naming runs; its totals are checked equal to
+(`RecordedKv`), so no manager, pool or block naming runs; its totals are checked equal to
 the recorded run's. The difference from the local run is what the KV side costs: the most
 any change to the manager or the pool can save (the actor's round trips come on top).
 
@@ -338,52 +338,41 @@ class CountingKv:
         return lambda kv: cast(KvClient, CountingKv(kv, counts))
 
 
-class RecordingKv:
-    """A KV client that appends each async call's ``(method, reply)`` to ``log`` (every
-    other attribute is the wrapped client's)."""
+class RecordedKv:
+    """A KV client between the engine and ``inner`` with a log of each async call's
+    ``(method, reply)``: with ``replay`` False it makes the calls and appends to ``log``;
+    with ``replay`` True it answers each call with the log's next reply and does no KV
+    work at all, so a run is the engine, its loop and the trace reading alone (the
+    engine is deterministic: it makes the same calls in the same order, and a call out
+    of order fails). Every other attribute is ``inner``'s."""
 
-    def __init__(self, inner: KvClient, log: list[tuple[str, Any]]) -> None:
+    def __init__(self, inner: KvClient, log: list[tuple[str, Any]], *, replay: bool) -> None:
         self._inner = inner
         self._log = log
+        self._replies = iter(log) if replay else None
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
         if not inspect.iscoroutinefunction(attr):
             return attr
         log = self._log
+        replies = self._replies
 
         async def recorded(*args: Any, **kwargs: Any) -> Any:
             reply = await attr(*args, **kwargs)
             log.append((name, reply))
             return reply
 
-        return recorded
-
-
-class ReplayedKv:
-    """A KV client that answers each async call with the next reply of a `RecordingKv`
-    log, doing no KV work: the same run's engine, loop and trace reading alone (the
-    engine is deterministic, so it makes the same calls in the same order; a call out
-    of order fails)."""
-
-    def __init__(self, inner: KvClient, log: list[tuple[str, Any]]) -> None:
-        self._inner = inner
-        self._replies = iter(log)
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if not inspect.iscoroutinefunction(attr):
-            return attr
-        replies = self._replies
-
         async def replayed(*_args: Any, **_kwargs: Any) -> Any:
+            assert replies is not None
             method, reply = next(replies)
             if method != name:
                 raise RuntimeError(f"replay out of step: {name} called, {method} recorded")
             return reply
 
-        setattr(self, name, replayed)  # later lookups skip __getattr__
-        return replayed
+        wrapped = recorded if replies is None else replayed
+        setattr(self, name, wrapped)  # later lookups skip __getattr__
+        return wrapped
 
 
 def kv_share_row(
@@ -398,14 +387,18 @@ def kv_share_row(
         local = best_of(repeat, functools.partial(run_trace, trace, config, "local", True))
     log: list[tuple[str, Any]] = []
     recorded, _ = run_trace(
-        trace, config, "local", True, lambda kv: cast(KvClient, RecordingKv(kv, log))
+        trace, config, "local", True, lambda kv: cast(KvClient, RecordedKv(kv, log, replay=False))
     )
     expected = recorded.report.total
     del recorded
 
     def replay() -> tuple[SimulationRun, float]:
         return run_trace(
-            trace, config, "local", True, lambda kv: cast(KvClient, ReplayedKv(kv, log))
+            trace,
+            config,
+            "local",
+            True,
+            lambda kv: cast(KvClient, RecordedKv(kv, log, replay=True)),
         )
 
     alone = best_of(repeat, replay)
