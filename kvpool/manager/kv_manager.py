@@ -400,11 +400,13 @@ class KvManager:
         stop_if_cost_changes: PrefillCost | None = None,
     ) -> StretchAllocations:
         """`allocate_steps` of the steps a `DecodeStretch` stands for (its ``steps()``),
-        in its compact form: the same checks before anything changes, the same pool
-        calls in the same order, the same stops and the same probed cost, and the result
-        that ``StretchAllocations.of_steps`` of `allocate_steps`' results would be. A
+        in its compact form: the same checks before anything changes, the same effect on
+        the pool, the same stops and the same probed cost, and the result that
+        ``StretchAllocations.of_steps`` of `allocate_steps`' results would be. A
         fast-forward jump's allocations cost one check per request and per slot, not a
-        `SlotRequest`, a token list and a `StepAllocations` per step.
+        `SlotRequest`, a token list and a `StepAllocations` per step; with no probe and
+        events off, the pool calls are made request by request, not slot by slot, when
+        that is the same (`_stretch_at_once` says when).
 
         Every request of the stretch must hold blocks already (a decode stretch continues
         tables; none is a first allocation, so no counter but ``evictions`` and
@@ -540,6 +542,12 @@ class KvManager:
         targets = stretch.targets
         appends = stretch.appends
         ends = stretch.step_ends
+        extended = False  # every request's new tokens appended already (`_stretch_at_once`)
+        if probe is None and not self._record_events:
+            at_once = self._stretch_at_once(states, tokens, members, targets, needs, ends)
+            if type(at_once) is StretchAllocations:
+                return at_once
+            extended = at_once is True
         allocations: list[Allocation] = []
         kv_events: list[int] = []
         events: list[tuple[int, list[KVEvent]]] = []
@@ -556,7 +564,7 @@ class KvManager:
                 member = members[k]
                 count = appends[k]
                 appended = None
-                if count:
+                if count and not extended:
                     offset = used[member]
                     used[member] = offset + count
                     appended = tokens[member][offset : offset + count]
@@ -579,6 +587,119 @@ class KvManager:
                 break
             start = end
         return StretchAllocations(allocations, kv_events, events, self.stats(), cost)
+
+    def _stretch_at_once(
+        self,
+        states: list[RequestState],
+        tokens: list[array[int] | range],
+        members: list[int],
+        targets: list[int],
+        needs: list[int],
+        ends: list[int],
+    ) -> StretchAllocations | bool:
+        """A checked stretch with no probe and events off, done request by request
+        rather than slot by slot when that is the same: returns its result, or False
+        (nothing changed) or True (every request's new tokens appended, nothing else
+        changed) for `allocate_stretch` to do it slot by slot.
+
+        Slot by slot, each slot appends its tokens, takes its table's fresh blocks (an
+        `admit` evicting from the LRU head) and caches the blocks it fills. Here every
+        request's tokens are appended at once, every slot's fresh blocks are taken in
+        one `BlockPool.admit_each` (in slot order: the same copies, ids and evictions),
+        and each request's newly filled blocks are cached in one `cache_chain`. That is
+        the same whenever
+        - every slot fits: admissions only take, so they do if the stretch's total does
+          (else a slot would stop the stretch part way: slot by slot then);
+        - no hash the stretch caches is resident or cached twice (checked once the keys
+          are known): then caching a block changes neither the LRU nor any eviction,
+          and an eviction never touches a hash the stretch caches, so caching moves
+          past the evictions freely, and each cached block is its hash's first copy.
+        The events it counts are those slot by slot: per slot, one Removed if its
+        admission removed a hash, and one Stored if it made blocks visible (they are
+        one run of first copies).
+        """
+        pool = self._pool
+        bs = self._block_size
+        caching = self._caching
+        n = len(states)
+        length = [len(state.table) for state in states]
+        computed = [state.computed for state in states]
+        visible = [state.visible for state in states]
+        first_visible = list(visible)
+        counts: list[int] = []  # each growing slot's fresh blocks, in slot order
+        fresh_of: list[int] = []  # per slot: its fresh blocks
+        shows: list[bool] = []  # per slot: it makes blocks cache-visible (one Stored)
+        total = 0
+        for k in range(len(members)):
+            member = members[k]
+            need = needs[k]
+            fresh = need - length[member] if need > length[member] else 0
+            if fresh:
+                counts.append(fresh)
+                total += fresh
+                length[member] = need
+            fresh_of.append(fresh)
+            target = targets[k]
+            shown = False
+            if target > computed[member]:  # `_advance`
+                computed[member] = target
+                if caching and target // bs > visible[member]:
+                    visible[member] = target // bs
+                    shown = True
+            shows.append(shown)
+        if total > pool.capacity - pool.num_active():
+            return False
+        for i in range(n):
+            if len(tokens[i]):
+                states[i].extend(tokens[i])
+        if caching:
+            cached: list[int] = []
+            for i in range(n):
+                if visible[i] > first_visible[i]:
+                    cached.extend(states[i].hashes[first_visible[i] : visible[i]])
+            if cached and (len(set(cached)) != len(cached) or pool.any_resident(cached)):
+                return True
+        taken = pool.admit_each(counts)
+        if taken is None:  # unreachable: the total fits
+            raise InvariantViolationError("a stretch's admissions did not fit after all")
+        ids, removed = taken
+        allocations: list[Allocation] = []
+        kv_events: list[int] = []
+        events = self._num_events
+        next_id = 0
+        next_growth = 0
+        start = 0
+        for end in ends:
+            for k in range(start, end):
+                fresh = fresh_of[k]
+                if fresh:
+                    new_ids = ids[next_id : next_id + fresh]
+                    next_id += fresh
+                    gone = removed[next_growth]
+                    next_growth += 1
+                    states[members[k]].table.extend(new_ids)
+                    if gone:
+                        events += 1
+                    allocations.append(Allocation(new_ids, 0, gone))
+                else:
+                    allocations.append(Allocation([], 0, []))
+                if shows[k]:
+                    events += 1
+            kv_events.append(events)
+            start = end
+        self._num_events = events
+        for i in range(n):
+            state = states[i]
+            state.computed = computed[i]
+            if visible[i] > first_visible[i]:
+                flags = pool.cache_chain(
+                    state.table[first_visible[i] : visible[i]],
+                    state.hashes[first_visible[i] : visible[i]],
+                )
+                if False in flags:  # unreachable: no hash was resident or cached twice
+                    raise InvariantViolationError("a stretch cached a hash resident already")
+                state.visible = visible[i]
+        return StretchAllocations(allocations, kv_events, [], self.stats(), None)
 
     def _cost_marks(self) -> tuple[int, int, int]:
         """What a queued request's `prefill_cost` depends on besides its own tokens: the

@@ -64,6 +64,7 @@ _id_ranges = count(1)
 _PIN_TO_REF: Final = 1 - PIN  # added to ``holds``: one pin becomes one reference
 _MAX_UNBOXED: Final = (1 << 62) - 1  # the largest int mypyc keeps as a machine word
 _CLAIMED: Final = object()  # cache_many's mark on a copy it has checked, until it acts
+_NO_HITS: Final[list[Copy]] = []  # never changed: the prefix of an admission of no chain
 
 
 class BlockPool:
@@ -193,6 +194,14 @@ class BlockPool:
             if copy.holds:
                 active += 1
         return hits, active
+
+    def any_resident(self, hashes: object) -> bool:
+        """Whether any of ``hashes`` has a resident copy: `prefix_hit` of each, in one call.
+
+        Raises `InvalidHashError` for a malformed hash among those read before a resident one.
+        """
+        keys = hashes if type(hashes) is list else _as_list(hashes)
+        return any(self._resident(block_hash) is not None for block_hash in keys)
 
     def num_active(self) -> int:
         """Copies in use plus reserved capacity: what vLLM reports as used blocks."""
@@ -334,6 +343,38 @@ class BlockPool:
         return Admission(
             cast("list[BlockId]", ids), len(hits), active, cast("list[int]", removed), stored
         )
+
+    def admit_each(self, counts: object) -> tuple[list[BlockId], list[list[int]]] | None:
+        """`admit` of no chain and ``extra=count`` for each of ``counts`` in order, all or
+        nothing: the fresh ids of every admission in one list (in order) and each one's
+        removed hashes, or None, changing nothing, when they do not all fit.
+
+        The same copies, ids, evictions and counters as those calls one after another: a
+        run of decode steps growing one table after another costs one call, not one
+        `Admission` per table. Raises `InvalidArgumentError` for a count that is not an
+        int >= 0 and `CapacityError` for one that could never fit.
+        """
+        wanted = counts if type(counts) is list else _as_list(counts, "counts")
+        total = 0
+        for fresh in wanted:
+            if type(fresh) is not int or fresh < 0:
+                raise InvalidArgumentError(f"counts must be ints >= 0, got {fresh!r}")
+            if fresh > self._capacity:
+                raise CapacityError(
+                    f"a chain of 0 blocks plus {fresh} extra can never fit "
+                    f"in a pool of {self._capacity}"
+                )
+            total += fresh
+        # Admissions only take: if all of them fit together, each one fits in its turn.
+        if total - self._capacity + self._num_copies + self._reserved > self._num_inactive:
+            return None  # refused whole: no admission was made, so none failed either
+        ids: list[int] = []
+        removed: list[list[int]] = []
+        for fresh in wanted:
+            evicted = self._pin_and_reserve(_NO_HITS, fresh)
+            removed.append(cast("list[int]", evicted))
+            ids.extend([self._new_copy(None).id for _ in range(fresh)])
+        return cast("list[BlockId]", ids), removed
 
     def activate_prefix(self, reservation: object) -> list[BlockId]:
         """Turn the reservation's prefix pins into request references, root first."""
