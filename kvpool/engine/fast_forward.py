@@ -8,7 +8,6 @@ setup.py compiles this module with mypyc.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 from kvpool.engine.request import EngineRequest
@@ -128,9 +127,13 @@ def plan_jump(
     n = len(running)
     steps_max = -1
     context = 0
-    next_grow: list[int] = []
-    next_fill: list[int] = []
-    heap: list[tuple[int, int]] = []
+    first_grow: list[int] = []
+    first_fill: list[int] = []
+    # A request's table grows every block_size steps from its first growth, and with
+    # caching a block fills every block_size steps from its first fill: the requests
+    # with a slot in step s are among those listed under s % block_size, in running
+    # order (a slot's step is known from its residue, not kept in a heap).
+    at: dict[int, list[int]] = {}
     never = 1 << 62
     for index in range(n):
         request = running[index]
@@ -144,13 +147,20 @@ def plan_jump(
             steps_max = left
         context += tokens
         # step s computes token num_tokens + s - 1: the table grows once that passes its
-        # slots, and with caching a block fills when it ends one
+        # slots (grow >= 0: the table holds the computed tokens), and with caching a
+        # block fills when it ends one
         grow = request.num_blocks * block_size - tokens + 1
-        fill = -tokens % block_size if caching else never
-        next_grow.append(grow)
-        next_fill.append(fill)
-        heap.append((min(grow, fill), index))
-    heapq.heapify(heap)
+        first_grow.append(grow)
+        at.setdefault(grow % block_size, []).append(index)
+        if caching:
+            fill = -tokens % block_size
+            first_fill.append(fill)
+            if fill != grow % block_size:
+                at.setdefault(fill, []).append(index)
+        else:
+            first_fill.append(never)
+    listed = sorted(at)  # the residues that list a request, in step order
+    position = 0  # the residue of ``next_event`` below, in ``listed``
     sent = [request.num_sent for request in running]
     slot_members = plan.members
     targets = plan.targets
@@ -165,20 +175,29 @@ def plan_jump(
     step = 0
     if max_steps < steps_max:
         steps_max = max_steps
-    # The step at which some table grows or some block fills next: the steps before it
-    # build nothing (no list, no slot), only the clock and the gaps.
-    next_event = heap[0][0] if heap else never
+    # The next step whose residue lists a request (one that may grow or fill then): the
+    # steps before it build nothing (no list, no slot), only the clock and the gaps.
+    next_event = listed[0] if listed else never
     while step < steps_max and clock < until:
         members: list[int] = _NO_MEMBERS
         grows = 0
         if step == next_event:
-            members = []
-            while heap and heap[0][0] == step:
-                index = heapq.heappop(heap)[1]
-                members.append(index)
-                if next_grow[index] == step:
-                    grows += 1
-            if not cross_boundaries:
+            residue = listed[position]
+            position = position + 1 if position + 1 < len(listed) else 0
+            following = listed[position] - residue
+            next_event = step + (following if following > 0 else following + block_size)
+            found: list[int] = []
+            for index in at[residue]:
+                grow = first_grow[index]
+                grows_now = step >= grow and (step - grow) % block_size == 0
+                fill = first_fill[index]
+                if grows_now or (step >= fill and (step - fill) % block_size == 0):
+                    found.append(index)
+                    if grows_now:
+                        grows += 1
+            if found:  # else every listed request's first slot is still to come
+                members = found
+            if members and not cross_boundaries:
                 break  # the step changes a block: it makes a KV call
             if grows and active + grows > capacity:
                 break  # a growth would not fit: the step preempts
@@ -193,13 +212,7 @@ def plan_jump(
                 targets.append(target)
                 appends.append(told - sent[index])
                 sent[index] = told
-                if next_grow[index] == step:
-                    next_grow[index] = step + block_size
-                if next_fill[index] == step:
-                    next_fill[index] = step + block_size
-                heapq.heappush(heap, (min(next_grow[index], next_fill[index]), index))
             active += grows
-            next_event = heap[0][0]
         if (varies and step) or (grows and usage_matters):
             work = decode_work(n, context + step * n, active, capacity, block_size)
             duration = timing.duration(work)
