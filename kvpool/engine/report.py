@@ -223,8 +223,12 @@ def build_report(
         worker_report(engine.rank, [engine.stats], engine.clock, [usage], simulated, sla)
         for engine, usage in zip(engines, final, strict=True)
     ]
-    stats = [engine.stats for engine in engines]
-    total = worker_report(None, stats, simulated, final, sla=sla)
+    if len(engines) == 1:
+        # One engine's pooled figures are its own (the same stats, up to the same end):
+        # computed once, not twice (the usage samples are one per step or jump).
+        total = msgspec.structs.replace(workers[0], worker=None)
+    else:
+        total = worker_report(None, [engine.stats for engine in engines], simulated, final, sla=sla)
     return Report(
         workload=workload,
         settings=settings,

@@ -160,6 +160,19 @@ async def test_run_simulation_reports_per_worker_and_in_total() -> None:
     assert "prefix cache hit rate" in text
 
 
+async def test_one_workers_total_is_its_stats_pooled_as_for_many() -> None:
+    """With one engine the report reuses the worker's figures as the total: they are what
+    pooling its stats would give (the long way, as for several workers)."""
+    requests = SyntheticWorkload(seed=6, num_sessions=10).requests()
+    run = await run_simulation(requests, CONFIG, workers=1, kv_factory=open_local_kv)
+    [engine] = run.engines
+    final = [await engine.final_usage()]
+    pooled = worker_report(None, [engine.stats], engine.clock, final)
+    assert pooled.kv_usage.mean > 0  # samples to pool: the check has something to compare
+    assert run.report.total == pooled
+    assert run.report.workers[0].worker == 0
+
+
 async def test_the_same_workload_gives_the_same_report() -> None:
     requests = SyntheticWorkload(seed=5, num_sessions=10).requests()
     first = await run_simulation(requests, CONFIG, workers=2, kv_factory=open_local_kv)
