@@ -186,17 +186,16 @@ def plan_jump(
             position = position + 1 if position + 1 < len(listed) else 0
             following = listed[position] - residue
             next_event = step + (following if following > 0 else following + block_size)
-            found: list[int] = []
+            # empty when every listed request's first slot is still to come
+            members = []
             for index in at[residue]:
                 grow = first_grow[index]
                 grows_now = step >= grow and (step - grow) % block_size == 0
                 fill = first_fill[index]
                 if grows_now or (step >= fill and (step - fill) % block_size == 0):
-                    found.append(index)
+                    members.append(index)
                     if grows_now:
                         grows += 1
-            if found:  # else every listed request's first slot is still to come
-                members = found
             if members and not cross_boundaries:
                 break  # the step changes a block: it makes a KV call
             if grows and active + grows > capacity:
