@@ -26,6 +26,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from kvpool.actors.slots import NO_REPLY, ReplySlot, SlotKind, interrupt_safe
 from kvpool.errors import (
@@ -316,6 +317,7 @@ class Actor:
         self._task_id = anyio.get_current_task().id
         receive = self._receive
         receive_nowait = receive.receive_nowait
+        buffer = _buffer_of(receive)
         yield_once = self._yield_once
         waiters = self._waiters
         settled = yielded = False
@@ -323,9 +325,15 @@ class Actor:
         try:
             while True:
                 # ``slot`` is the current call's, or an answered one's (`_crash` skips it).
-                try:
-                    message, handler, slot = receive_nowait()
-                except anyio.WouldBlock:
+                entry: _Entry | None
+                if buffer is not None and not buffer and not receive._closed:
+                    entry = None  # empty and open: what WouldBlock says, not raised
+                else:
+                    try:
+                        entry = receive_nowait()
+                    except anyio.WouldBlock:
+                        entry = None
+                if entry is None:
                     if self._dirty and waiters:
                         self._pump()
                     status = self._status
@@ -347,7 +355,8 @@ class Actor:
                         self._ordered_out = False
                         yielded = True
                         continue
-                    message, handler, slot = await receive.receive()
+                    entry = await receive.receive()
+                message, handler, slot = entry
                 yielded = False
                 if handler.ordered:
                     if self._ordered_out:
@@ -499,6 +508,20 @@ class Actor:
                     pending.set_exception(self.gone_error())
         if self._on_crash is not None:
             self._on_crash()
+
+
+def _buffer_of(receive: MemoryObjectReceiveStream[Any]) -> deque[Any] | None:
+    """The mailbox's buffer, so `Actor.run` tells an empty mailbox without a raise:
+    anyio's ``receive_nowait`` raises WouldBlock then, once per call from a lone caller
+    (benchmarks/bench_actor.py's round trip at one client: 2.8 us on uvloop, against 3.0
+    with the raise). None if this anyio lays its stream out differently
+    (``receive_nowait`` answers then). An open mailbox with an empty buffer would block:
+    it is unbounded, so no sender ever waits, and its send side closes only with its
+    receive side (`Actor.dispose`)."""
+    buffer = getattr(getattr(receive, "_state", None), "buffer", None)
+    if type(buffer) is not deque or type(getattr(receive, "_closed", None)) is not bool:
+        return None  # pragma: no cover - a future anyio
+    return buffer
 
 
 def _fail(slot: ReplySlot, error: BaseException) -> None:

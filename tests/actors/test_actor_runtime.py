@@ -21,6 +21,7 @@ import sniffio
 import uvloop
 
 from kvpool.actors import POOL_ACTOR, Actor, Handler, PoolClient, PoolState, open_actor, open_pool
+from kvpool.actors import actor as actor_module
 from kvpool.actors import slots as slots_module
 from kvpool.actors.slots import current_slots
 from kvpool.errors import (
@@ -352,6 +353,44 @@ async def test_the_fast_cancel_check_agrees_with_anyio() -> None:
         return check() is (anyio.current_effective_deadline() == -math.inf)
 
     assert await asyncio.ensure_future(plain())
+
+
+@pytest.mark.anyio
+async def test_the_mailbox_peek_agrees_with_anyio() -> None:
+    # The actor tells an empty mailbox from anyio's buffer instead of a WouldBlock: the
+    # peek must find the buffer here, and "open with an empty buffer" must be exactly
+    # when receive_nowait raises WouldBlock.
+    send, receive = anyio.create_memory_object_stream[int](math.inf)
+    buffer = actor_module._buffer_of(receive)
+    assert buffer is not None, "the peek is off here"
+
+    def peeks_empty() -> bool:
+        return not buffer and not receive._closed
+
+    def would_block() -> bool:
+        try:
+            item = receive.receive_nowait()
+        except anyio.WouldBlock:
+            return True
+        send.send_nowait(item)  # put back (the order of one item does not matter)
+        return False
+
+    assert peeks_empty()
+    assert would_block()
+    for count in (1, 3):
+        for item in range(count):
+            send.send_nowait(item)
+        assert not peeks_empty()
+        assert not would_block()
+        assert sorted(receive.receive_nowait() for _ in range(count)) == list(range(count))
+        assert peeks_empty()
+        assert would_block()
+    send.send_nowait(7)
+    receive.close()  # closed with an item still buffered: the peek defers to anyio
+    assert not peeks_empty()
+    with pytest.raises(anyio.ClosedResourceError):
+        receive.receive_nowait()
+    send.close()
 
 
 @pytest.mark.anyio
