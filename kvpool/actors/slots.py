@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import types
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from functools import partial
@@ -136,6 +137,14 @@ def _abandon_future(slot: Any) -> Any:
     return slot.result()
 
 
+@types.coroutine
+def _next_turn() -> Generator[None, None, None]:
+    """The actor's schedule point on asyncio: a bare yield, which a task answers by
+    running again on the loop's next turn (what ``asyncio.sleep(0)`` does, without its
+    coroutine and the partial around it: the actor takes one per round trip)."""
+    yield
+
+
 def asyncio_slots() -> SlotKind:
     """Futures of the running asyncio (or uvloop) loop.
 
@@ -186,7 +195,7 @@ def asyncio_slots() -> SlotKind:
         slot: ReplySlot = new_future()
         return slot
 
-    return SlotKind(open_slot, _abandon_future, partial(asyncio.sleep, 0))
+    return SlotKind(open_slot, _abandon_future, _next_turn)
 
 
 # ----------------------------------------------------------------------------- trio
