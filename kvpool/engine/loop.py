@@ -109,7 +109,6 @@ class EngineLoop:
         fast_forward = self.fast_forward
         cross = self.cross_boundaries
         pace = self.pace
-        reactive = source.reactive
         while True:
             when = source.next_arrival()
             if when is not None and when < cutoff and (not busy or when <= busy[0][0]):
@@ -126,7 +125,7 @@ class EngineLoop:
             result: StepResult | None = None
             if fast_forward:
                 until = cutoff if when is None else min(when, cutoff)
-                if busy and reactive:
+                if busy and source.reactive:  # read each time: it changes as requests go
                     until = min(until, busy[0][0])
                 if not await engine.fast_forward(until, cross_boundaries=cross):
                     result = await engine.step()
