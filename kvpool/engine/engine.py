@@ -106,6 +106,7 @@ from kvpool.manager import (
     PrefillCost,
     SlotRequest,
     StepAllocations,
+    StepUpdate,
     StretchAllocations,
 )
 from kvpool.workloads import RequestSpec
@@ -401,8 +402,13 @@ class MockEngine:
         Such a step has every running request decode one token, and none leaves: none
         samples its last token, every running request fits the token budget, the
         waiting queue admits nobody, and every table that grows gets its block (a
-        growth that would not fit preempts: the jump stops before it). What else it may
-        do depends on the queue's head:
+        growth that would not fit preempts: the jump stops before it). With nobody
+        waiting and ``cross_boundaries``, the jump may also end with the step in which
+        requests sample their last token: they finish then, as `step` finishes them
+        (records, stats, then one `KvClient.finish_step` that frees them, the step's
+        batch and its usage sample); a finishing step changes no admission when nobody
+        waits, so only the jump's end moves. What else it may do depends on the
+        queue's head:
 
         - *Nobody can be admitted whatever the cache holds* (the queue is empty, the
           head is held back by ``max_num_seqs`` or the token budget, or prefix caching
@@ -441,9 +447,13 @@ class MockEngine:
         waiting = self.waiting
         admits = waiting and budget > 0 and n < config.max_num_seqs
         if cross_boundaries:
+            # With nobody waiting, a request's last token ends the jump, not the step
+            # before it: finishing changes no admission, and the free is the one call
+            # the finishing step would make after its allocations (`_finish_jump`).
+            finishing = not waiting
             # Planned only once the first step is known to be one the jump may take:
             # a plan the head's admission then refuses would be thrown away whole.
-            growing = decode_growth(running, bs)
+            growing = decode_growth(running, bs, finishing)
             if growing < 0 or self._num_active + growing > config.num_gpu_blocks:
                 return 0
             head: EngineRequest | None = None
@@ -458,7 +468,7 @@ class MockEngine:
                     cost = await self.kv.prefill_cost(head.request_id)
                 if await self._admission(head, budget, cost, growing) is not None:
                     return 0  # the next step admits the head of the queue
-            plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=True)
+            plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=True, finishing=finishing)
             return self._jumped(await self._take_jump(plan, until, head, cost)) if plan.taken else 0
         plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=False)
         if not plan.taken:
@@ -503,8 +513,12 @@ class MockEngine:
         # may be the plan's last, so a full count of groups does not mean no change.
         changed = probe is not None and result is not None and result.cost != cost
         if tried == groups and not changed:
-            self._apply_jump(plan, result)
+            held = self._apply_jump(plan, result)
+            if plan.finished:
+                await self._finish_jump(plan, held)
             return plan.taken
+        if plan.finished:  # a finishing jump has no probe, so it never stops short
+            raise RuntimeError(f"a finishing jump's allocations stopped short: {self!r}")
         # The head's cost changed in group `last`: the steps before it are a jump, and
         # `last` (its allocations made) may admit, as `step` would.
         last = tried - 1
@@ -531,7 +545,9 @@ class MockEngine:
         await self._execute(scheduled)
         return before.taken + 1
 
-    def _plan_jump(self, until: float, max_steps: int, *, cross_boundaries: bool) -> DecodeJump:
+    def _plan_jump(
+        self, until: float, max_steps: int, *, cross_boundaries: bool, finishing: bool = False
+    ) -> DecodeJump:
         """The jump from now (`kvpool.engine.fast_forward.plan_jump`); nothing changes."""
         config = self.config
         return plan_jump(
@@ -548,13 +564,21 @@ class MockEngine:
             self.stats.busy_s,
             max_steps,
             cross_boundaries,
+            finishing,
         )
 
-    def _apply_jump(self, plan: DecodeJump, result: StretchAllocations | None) -> None:
+    def _apply_jump(self, plan: DecodeJump, result: StretchAllocations | None) -> list[KVEvent]:
         """Apply a jump whose allocations returned ``result`` (`apply_jump`) and publish
-        each step's batch, stamped with that step's end."""
-        batches = apply_jump(
-            plan, result, self.running, self.stats, self._num_active, self.config.num_gpu_blocks
+        each step's batch, stamped with that step's end; return a finishing jump's last
+        step's events, which `_finish_jump` batches."""
+        batches, held = apply_jump(
+            plan,
+            result,
+            self.running,
+            self.stats,
+            self._num_active,
+            self.config.num_gpu_blocks,
+            self.rank,
         )
         self.clock = plan.clock
         self._num_active = plan.active
@@ -568,6 +592,38 @@ class MockEngine:
                         data_parallel_rank=self.rank,
                     )
                 )
+        return held
+
+    async def _finish_jump(self, plan: DecodeJump, held: list[KVEvent]) -> None:
+        """End a finishing jump's last step as `_execute` ends a step that finished
+        requests: free them (one `KvClient.finish_step`, with no probe: nobody waits),
+        then the step's batch (``held``, its allocations' events, then the free's) and
+        its usage sample."""
+        running = self.running
+        updates = [StepUpdate(running[index].request_id, [], -1, True) for index in plan.finished]
+        self.running = [request for request in running if request.finish_s is None]
+        outcome = await self.kv.finish_step(updates, None)
+        self._remember_cost(None, outcome.cost)
+        self._dirty = False
+        events = held + outcome.events if held else outcome.events
+        self._num_active = outcome.usage.num_active
+        stats = self.stats
+        read_counters(stats, outcome.stats)
+        now = self.clock
+        if close_batch(stats) and events and self.sink is not None:
+            self.sink.publish(
+                KVEventBatch(
+                    ts=self.epoch + now * self.ts_scale,
+                    events=events,
+                    data_parallel_rank=self.rank,
+                )
+            )
+        stats.record_sample(
+            now,
+            self._num_active / self.config.num_gpu_blocks,
+            stats.prefix_query_tokens,
+            stats.prefix_hit_tokens,
+        )
 
     async def run_until_idle(self) -> None:
         """Step until every submitted request has finished."""

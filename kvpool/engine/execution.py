@@ -88,14 +88,21 @@ def apply_jump(
     stats: EngineStats,
     active: int,
     capacity: int,
-) -> list[tuple[float, list[KVEvent]]]:
+    rank: int = 0,
+) -> tuple[list[tuple[float, list[KVEvent]]], list[KVEvent]]:
     """Apply a jump (`kvpool.engine.fast_forward.plan_jump`) whose allocations returned
     ``result`` (None if it planned none; a result may go on past the plan's groups: a
     jump cut short applies its first groups), ``active`` blocks before it of
     ``capacity``: the requests' blocks and counts, the stats and the samples. Returns
     each step's events that are not empty with the clock at that step's end, for the
-    caller to publish as one batch each; the caller sets the clock (``plan.clock``) and
-    the active count (``plan.active``)."""
+    caller to publish as one batch each, and the events of a finishing jump's last step;
+    the caller sets the clock (``plan.clock``) and the active count (``plan.active``).
+
+    A jump whose last step finishes requests (``plan.finished``) finishes them here as
+    `apply_step` would (their records, in running order, with the worker ``rank``); the
+    caller then frees them in the manager (`kvpool.manager.KvManager.finish_step`) and
+    ends that step as a single step ends: its batch (the events returned second, then
+    the free's) and its usage sample come after the free, so they are left out here."""
     grown = active
     members = plan.members
     groups = len(plan.step_ends)
@@ -120,13 +127,19 @@ def apply_jump(
     for gap, count in plan.gaps.items():
         stats.record_itl(gap, count)
     _advance_decodes(running, stats, taken, plan.first_end, plan.clock)
-    if not groups or plan.group_steps[0]:
+    finished = plan.finished
+    if finished:
+        _finish(running, finished, stats, plan.clock, rank)
+    # A finishing jump's last step is sampled after its free, by the caller.
+    last_sampled = taken - 1 if finished else taken
+    if (not groups or plan.group_steps[0]) and last_sampled > 0:
         stats.record_sample(
             plan.first_end, active / capacity, stats.prefix_query_tokens, stats.prefix_hit_tokens
         )
     batches: list[tuple[float, list[KVEvent]]] = []
+    held: list[KVEvent] = []
     if result is None or not groups:
-        return batches
+        return batches, held
     # Only the event counter moves from group to group (a stretch has no first
     # allocation, so the prefix counters stay; evictions are read once, for the end).
     read_counters(stats, result.stats)
@@ -142,7 +155,32 @@ def apply_jump(
         if pending < len(events) and events[pending][0] == group:
             queued = events[pending][1]
             pending += 1
+        if plan.group_steps[group] == last_sampled:
+            held = queued  # a finishing jump's last step: batched after its free
+            break
         if close_batch(stats) and queued:
             batches.append((end, queued))
         stats.record_sample(end, plan.group_active[group] / capacity, queries, hits)
-    return batches
+    return batches, held
+
+
+def _finish(
+    running: list[EngineRequest], finished: list[int], stats: EngineStats, now: float, rank: int
+) -> None:
+    """The requests at running indexes ``finished`` sampled their last token in the step
+    that ended at ``now`` (and were moved on by it as decoding requests): finish them as
+    `apply_step` does. The last token is never computed, so it adds no token."""
+    for index in finished:
+        request = running[index]
+        request.num_tokens -= 1
+        spec = request.spec
+        output_length = spec.output.length
+        request.finish_s = now
+        stats.completed += 1
+        stats.prompt_tokens += spec.input_length
+        stats.latency_s.append(now - request.arrival_s)
+        if output_length > 1:
+            first_token_s = request.first_token_s
+            assert first_token_s is not None  # a decoding request sampled its first
+            stats.tpot_s.append((now - first_token_s) / (output_length - 1))
+        stats.requests.append(request.record(rank))

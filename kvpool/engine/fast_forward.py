@@ -20,18 +20,19 @@ _NO_MEMBERS: list[int] = []  # never changed: the members of a step in which no 
 _NO_TOKENS = range(0)  # the new tokens of a request no slot of a stretch names
 
 
-def decode_growth(running: list[EngineRequest], block_size: int) -> int:
+def decode_growth(running: list[EngineRequest], block_size: int, finishing: bool = False) -> int:
     """How many tables grow in the next step if it is a pure decode step in which no
-    request samples its last token (each growth takes one fresh block); -1 if it is not
-    one. `plan_jump` across block boundaries plans no step exactly when this is -1 or
-    the growths do not fit, so a caller that may not jump for another reason asks this
-    first."""
+    request samples its last token (with ``finishing``: in which some may; each growth
+    takes one fresh block); -1 if it is not one. `plan_jump` across block boundaries
+    (with the same ``finishing``) plans no step exactly when this is -1 or the growths
+    do not fit, so a caller that may not jump for another reason asks this first."""
     grows = 0
+    last = 0 if finishing else 1  # the fewest tokens a request may have left to sample
     for request in running:
         tokens = request.num_tokens
         if not request.is_decoding:
             return -1
-        if request.spec.output.length - request.num_output - 1 <= 0:
+        if request.spec.output.length - request.num_output - 1 < last:
             return -1
         if request.num_blocks * block_size - tokens + 1 == 0:
             grows += 1
@@ -42,13 +43,15 @@ class DecodeJump:
     """A run of decode steps (`plan_jump`): how many steps, the clock, busy time and
     inter-token gaps they add, and the allocations of the steps in which some request's
     table grows or a block fills (none for a jump that stops before its first), as one
-    `DecodeStretch`."""
+    `DecodeStretch`. A jump planned with ``finishing`` may end with a step in which
+    some requests sample their last token (``finished``)."""
 
     __slots__ = (
         "active",
         "appends",
         "busy",
         "clock",
+        "finished",
         "first_end",
         "gaps",
         "group_active",
@@ -90,6 +93,9 @@ class DecodeJump:
         """The groups' allocations, for `KvClient.allocate_stretch` (None: no group)."""
         self.sent: list[int] = []
         """Each running request's ``num_sent`` once the groups are allocated."""
+        self.finished: list[int] = []
+        """The running indexes, in order, of the requests that sample their last token in
+        the jump's last step (and so finish then); empty but with ``finishing``."""
 
 
 def plan_jump(
@@ -106,6 +112,7 @@ def plan_jump(
     busy: float,
     max_steps: int,
     cross_boundaries: bool,
+    finishing: bool = False,
 ) -> DecodeJump:
     """Plan the decode steps that start before ``until`` while every running request
     decodes, none samples its last token, and every table that grows gets its block
@@ -122,6 +129,11 @@ def plan_jump(
     ``busy`` is the busy time so far: each step's duration is added to it and to the
     clock one at a time, so both are bit for bit those of single steps. Nothing else
     changes; taken 0 if the next step is not such a step.
+
+    With ``finishing`` (and ``cross_boundaries``) the jump may also take the step in
+    which the first requests sample their last token, as its last step: those requests
+    are the plan's ``finished``, for the caller to finish as `step` would (their last
+    token is never computed, so they take part in that step's slots as any other).
     """
     plan = DecodeJump(clock, active)
     n = len(running)
@@ -135,14 +147,18 @@ def plan_jump(
     # order (a slot's step is known from its residue, not kept in a heap).
     at: dict[int, list[int]] = {}
     never = 1 << 62
+    finishing = finishing and cross_boundaries
+    last = 0 if finishing else 1  # the fewest tokens a request may have left to sample
+    lefts: list[int] = []
     for index in range(n):
         request = running[index]
         tokens = request.num_tokens
         if not request.is_decoding:
             return plan  # a prefill chunk, or recomputing
         left = request.spec.output.length - request.num_output - 1
-        if left <= 0:
+        if left < last:
             return plan
+        lefts.append(left)
         if steps_max < 0 or left < steps_max:
             steps_max = left
         context += tokens
@@ -173,6 +189,10 @@ def plan_jump(
     last_gap = 0.0
     last_count = 0
     step = 0
+    # Step ``left`` is the one in which a request samples its last token.
+    final_step = steps_max
+    if finishing:
+        steps_max += 1
     if max_steps < steps_max:
         steps_max = max_steps
     # The next step whose residue lists a request (one that may grow or fill then): the
@@ -239,6 +259,8 @@ def plan_jump(
         gaps[last_gap] = gaps.get(last_gap, 0) + last_count
     plan.taken = step
     plan.sent = sent
+    if finishing and step == final_step + 1:
+        plan.finished = [index for index in range(n) if lefts[index] == final_step]
     if plan.step_ends:
         plan.stretch = _stretch(running, plan, sent)
     plan.clock = clock

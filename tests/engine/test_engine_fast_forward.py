@@ -586,7 +586,13 @@ async def snapshot(engine: MockEngine, sink: EventCollector) -> dict[str, Any]:
 
 
 async def step_is_pure(
-    engine: MockEngine, until: float, *, strict: bool, cross: bool = True, last: bool = False
+    engine: MockEngine,
+    until: float,
+    *,
+    strict: bool,
+    cross: bool = True,
+    last: bool = False,
+    finishing: bool = False,
 ) -> bool:
     """Step ``engine``; True if that was a pure decode step starting before ``until``.
 
@@ -597,6 +603,9 @@ async def step_is_pure(
     and ``last`` (the last step of a jump that crossed boundaries) the step may admit
     after its running requests: a jump watching the queue's head ends with the step
     whose allocations changed the head's cost (and an admitted request may finish).
+    With ``cross`` and ``finishing`` (the last step of a jump, or a step the engine
+    took alone) a step that began with nobody waiting may finish running requests: a
+    jump then ends with the step in which they sample their last token.
     """
     config = engine.config
     caching = config.enable_prefix_caching
@@ -609,6 +618,8 @@ async def step_is_pure(
     scheduled = list(result.scheduled)
     admitted = len(engine.waiting) < waiting and cross and last
     finished = set(result.finished)
+    if finishing and cross and not waiting:
+        finished -= set(ids)  # running requests that sampled their last token
     if admitted:
         finished -= set(scheduled[len(ids) :])  # admitted with one token left to sample
         scheduled = scheduled[: len(ids)]
@@ -662,9 +673,9 @@ class Twins:
         assert taken >= 0
         for index in range(taken):
             last = index == taken - 1
-            assert await step_is_pure(self.stepper, until, strict=False, cross=cross, last=last), (
-                f"step {index + 1} of a jump of {taken} is not a pure decode step"
-            )
+            assert await step_is_pure(
+                self.stepper, until, strict=False, cross=cross, last=last, finishing=last
+            ), f"step {index + 1} of a jump of {taken} is not a pure decode step"
         await self.check()
         if taken:
             self.jumps.append(taken)
@@ -673,7 +684,7 @@ class Twins:
     async def step(self, until: float = math.inf, *, cross: bool = True) -> bool:
         """Step both; True if the step was a (strictly) pure decode step before ``until``."""
         await self.jumper.step()
-        pure = await step_is_pure(self.stepper, until, strict=True, cross=cross)
+        pure = await step_is_pure(self.stepper, until, strict=True, cross=cross, finishing=True)
         await self.check()
         return pure
 
@@ -812,9 +823,10 @@ def test_a_jump_that_may_not_cross_stops_before_a_block_boundary(
 
 @pytest.mark.parametrize("caching", [True, False])
 def test_a_jump_crosses_block_boundaries_in_one_call_when_nobody_waits(caching: bool) -> None:
-    """With nobody waiting, one jump takes every decode step up to the finish: the
+    """With nobody waiting, one jump takes every decode step through the finish: the
     tables grow and (caching) the blocks fill in one `allocate_stretch` call, each step's
-    events in a batch of its own, stamped with its end, as when stepping."""
+    events in a batch of its own, stamped with its end, as when stepping, and the
+    finished request is freed in one `finish_step` call after it."""
     config = EngineConfig(
         num_gpu_blocks=64, block_size=4, enable_prefix_caching=caching, timing=STEP
     )
@@ -826,11 +838,13 @@ def test_a_jump_crosses_block_boundaries_in_one_call_when_nobody_waits(caching: 
     async def main() -> None:
         await twins.submit(one("a", 3, 20))
         assert not await twins.step()  # the prefill
-        assert await twins.fast_forward() == 18  # positions 4..21; 22 finishes
+        # positions 4..22: the last step samples a's last token, and a finishes
+        assert await twins.fast_forward() == 19
+        assert not twins.jumper.has_work
         await twins.run()
 
     anyio.run(main, backend="asyncio")
-    assert twins.jumps == [18]
+    assert twins.jumps == [19]
     assert twins.jumper.stats.steps == 20
     assert twins.jumper.clock == 5.0
     # the jump's one call: the steps computing positions 4 (a fill), 5 (a growth), 8, 9...
@@ -843,8 +857,9 @@ def test_a_jump_crosses_block_boundaries_in_one_call_when_nobody_waits(caching: 
         assert [batch.ts for batch in stored] == [0.25 * (p - 2) for p in fills[0]]
 
 
-def test_a_jump_stops_before_a_finish() -> None:
-    """A jump ends before the step in which a request samples its last token."""
+def test_a_jump_ends_with_a_finish_when_nobody_waits() -> None:
+    """With nobody waiting, a jump ends with the step in which a request samples its
+    last token (it finishes then, as when stepping); the others run on."""
     config = EngineConfig(num_gpu_blocks=8, block_size=64, timing=STEP)
     twins = Twins(config)
 
@@ -852,14 +867,38 @@ def test_a_jump_stops_before_a_finish() -> None:
         await twins.submit(one("short", 3, 6))
         await twins.submit(one("long", 3, 30))
         await twins.step()  # both prefill
+        assert await twins.fast_forward() == 5  # steps 2-6; "short" finishes in step 6
+        assert [r.request_id for r in twins.jumper.running] == ["long"]
+        assert [r.num_output for r in twins.jumper.running] == [6]
+        assert twins.jumper.clock == 1.5
+        await twins.run()
+
+    anyio.run(main, backend="asyncio")
+    assert twins.jumps == [5, 24]  # then steps 7-30 for "long" alone; it finishes in 30
+    assert [r.finish_s for r in twins.jumper.stats.requests] == [1.5, 7.5]
+
+
+def test_a_jump_stops_before_a_finish_while_a_request_waits() -> None:
+    """With a request waiting (here held back by max_num_seqs), a jump ends before the
+    step in which a request samples its last token: the step after it admits the
+    waiting one."""
+    config = EngineConfig(num_gpu_blocks=8, block_size=64, timing=STEP, max_num_seqs=2)
+    twins = Twins(config)
+
+    async def main() -> None:
+        await twins.submit(one("short", 3, 6))
+        await twins.submit(one("long", 3, 30))
+        await twins.step()  # both prefill
+        await twins.submit(one("third", 7, 2))  # waits: two run already
         assert await twins.fast_forward() == 4  # steps 2-5; "short" finishes in step 6
         assert [r.num_output for r in twins.jumper.running] == [5, 5]
         assert twins.jumper.clock == 1.25
         await twins.run()
 
     anyio.run(main, backend="asyncio")
-    assert twins.jumps == [4, 23]  # then steps 7-29 for "long" alone; it finishes in 30
-    assert [r.finish_s for r in twins.jumper.stats.requests] == [1.5, 7.5]
+    records = {r.request_id: r for r in twins.jumper.stats.requests}
+    assert records["short"].finish_s == 1.5
+    assert records["third"].first_scheduled_s == 1.5  # in step 7, after short's finish
 
 
 @pytest.mark.parametrize(
@@ -918,9 +957,9 @@ def test_a_waiting_request_refused_for_blocks_does_not_stop_a_jump(caching: bool
     anyio.run(main, backend="asyncio")
     # "a" decodes positions 18..30: (caching) a fill at 24, an allocation at 25, which
     # the jump crosses ("b" needs more blocks than are left, whatever the cache holds:
-    # its cost does not change); "a" finishes in step 14. "b" is admitted in step 15
-    # and decodes one pure step.
-    assert twins.jumps == [12, 1]
+    # its cost does not change); "a" finishes in step 14, stepped alone (b waits). "b"
+    # is admitted in step 15 and jumps its two decode steps, the last finishing it.
+    assert twins.jumps == [12, 2]
     records = {r.request_id: r for r in twins.jumper.stats.requests}
     assert records["a"].finish_s == 3.5
     assert records["b"].first_scheduled_s == 3.5
