@@ -418,6 +418,7 @@ CALL_SITES = (
     ("admissions", "allocate_steps: admission"),
     ("scheduling", "allocate_steps: scheduling"),
     ("jumps", "allocate_stretch"),
+    ("finishing jumps", "finish_stretch"),
     ("arrivals", "add_request"),
     ("finishing steps", "finish_step"),
 )

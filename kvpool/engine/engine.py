@@ -106,6 +106,7 @@ from kvpool.manager import (
     PrefillCost,
     SlotRequest,
     StepAllocations,
+    StepOutcome,
     StepUpdate,
     StretchAllocations,
 )
@@ -405,9 +406,10 @@ class MockEngine:
         growth that would not fit preempts: the jump stops before it). With nobody
         waiting and ``cross_boundaries``, the jump may also end with the step in which
         requests sample their last token: they finish then, as `step` finishes them
-        (records, stats, then one `KvClient.finish_step` that frees them, the step's
-        batch and its usage sample); a finishing step changes no admission when nobody
-        waits, so only the jump's end moves. What else it may do depends on the
+        (records, stats, their frees, the step's batch and its usage sample), and the
+        frees ride on the jump's allocations (`KvClient.finish_stretch`: one call for
+        both); a finishing step changes no admission when nobody waits, so only the
+        jump's end moves. What else it may do depends on the
         queue's head:
 
         - *Nobody can be admitted whatever the cache holds* (the queue is empty, the
@@ -502,9 +504,13 @@ class MockEngine:
         stretch = plan.stretch
         groups = len(plan.step_ends)
         result = None
+        finish: StepOutcome | None = None
         tried = groups
         if stretch is not None:
-            result = await self.kv.allocate_stretch(stretch, probe, stop_if_cost_changes=cost)
+            if plan.finished:  # with the frees in the same call (no probe: nobody waits)
+                result, finish = await self.kv.finish_stretch(stretch, self._frees(plan))
+            else:
+                result = await self.kv.allocate_stretch(stretch, probe, stop_if_cost_changes=cost)
             tried = len(result.kv_events)
             if not tried or len(result.allocations) != plan.step_ends[tried - 1]:
                 raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
@@ -515,7 +521,7 @@ class MockEngine:
         if tried == groups and not changed:
             held = self._apply_jump(plan, result)
             if plan.finished:
-                await self._finish_jump(plan, held)
+                await self._finish_jump(plan, held, finish)
             return plan.taken
         if plan.finished:  # a finishing jump has no probe, so it never stops short
             raise RuntimeError(f"a finishing jump's allocations stopped short: {self!r}")
@@ -594,15 +600,23 @@ class MockEngine:
                 )
         return held
 
-    async def _finish_jump(self, plan: DecodeJump, held: list[KVEvent]) -> None:
-        """End a finishing jump's last step as `_execute` ends a step that finished
-        requests: free them (one `KvClient.finish_step`, with no probe: nobody waits),
-        then the step's batch (``held``, its allocations' events, then the free's) and
-        its usage sample."""
+    def _frees(self, plan: DecodeJump) -> list[StepUpdate]:
+        """The manager's updates of a finishing jump: its finished requests' frees, in
+        running order (as `apply_step` makes them)."""
         running = self.running
-        updates = [StepUpdate(running[index].request_id, [], -1, True) for index in plan.finished]
-        self.running = [request for request in running if request.finish_s is None]
-        outcome = await self.kv.finish_step(updates, None)
+        return [StepUpdate(running[index].request_id, [], -1, True) for index in plan.finished]
+
+    async def _finish_jump(
+        self, plan: DecodeJump, held: list[KVEvent], outcome: StepOutcome | None
+    ) -> None:
+        """End a finishing jump's last step as `_execute` ends a step that finished
+        requests: free them (the ``outcome`` of the jump's `KvClient.finish_stretch`,
+        or one `KvClient.finish_step` for a jump that allocated nothing; no probe:
+        nobody waits), then the step's batch (``held``, its allocations' events, then
+        the free's) and its usage sample."""
+        if outcome is None:
+            outcome = await self.kv.finish_step(self._frees(plan), None)
+        self.running = [request for request in self.running if request.finish_s is None]
         self._remember_cost(None, outcome.cost)
         self._dirty = False
         events = held + outcome.events if held else outcome.events

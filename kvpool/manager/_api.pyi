@@ -96,3 +96,6 @@ class KvManager:
     def finish_step(
         self, updates: Sequence[StepUpdate], probe: str | None = None
     ) -> StepOutcome: ...
+    def finish_stretch(
+        self, stretch: DecodeStretch, updates: Sequence[StepUpdate]
+    ) -> tuple[StretchAllocations, StepOutcome]: ...

@@ -212,6 +212,13 @@ class ManagerClient:
         outcome: StepOutcome = await self._call(messages.FinishStep(updates, probe))
         return outcome
 
+    async def finish_stretch(
+        self, stretch: DecodeStretch, updates: list[StepUpdate]
+    ) -> tuple[StretchAllocations, StepOutcome]:
+        """`KvManager.finish_stretch`: a stretch's allocations, then a step's updates."""
+        reply: messages.StretchFinished = await self._call(messages.FinishStretch(stretch, updates))
+        return reply.allocations, reply.outcome
+
     async def take_events(self) -> list[KVEvent]:
         """`KvManager.take_events`: the queued KV events, oldest first."""
         reply: messages.EventsReply = await self._call(_TAKE_EVENTS)

@@ -1033,6 +1033,29 @@ class KvManager:
         backwards, say) is the scheduler's bug, not a refusal: it raises
         `InvariantViolationError`, which crashes an actor.
         """
+        self._check_updates(updates, probe)
+        self._apply_updates(updates)
+        pool = self._pool
+        usage = PoolUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
+        cost = None if probe is None else self.prefill_cost(probe)
+        return StepOutcome(self.take_events(), usage, self.stats(), cost)
+
+    def finish_stretch(
+        self, stretch: object, updates: Sequence[StepUpdate]
+    ) -> tuple[StretchAllocations, StepOutcome]:
+        """`allocate_stretch` of ``stretch`` (no probe), then `finish_step` of
+        ``updates`` (no probe), in one call: a fast-forward jump whose last step
+        finishes requests, its allocations and their frees. The updates are applied
+        whatever the stretch did, as they would be by the two calls one after the
+        other; both arguments are checked before anything changes (a stretch neither
+        registers nor forgets a request, so the updates' checks hold after it), and
+        each raises what its own call raises."""
+        self._check_updates(updates, None)
+        allocations = self.allocate_stretch(stretch)
+        return allocations, self.finish_step(updates)
+
+    def _check_updates(self, updates: Sequence[StepUpdate], probe: object) -> None:
+        """`finish_step`'s checks of its arguments (what it raises, before any change)."""
         for update in updates:
             if type(update) is not StepUpdate:
                 raise InvalidArgumentError(f"expected a StepUpdate, got {update!r:.200}")
@@ -1052,6 +1075,9 @@ class KvManager:
                 raise InvalidArgumentError(f"the probe {probe!r} is freed by the step's updates")
         if probe is not None:
             self._get(probe)
+
+    def _apply_updates(self, updates: Sequence[StepUpdate]) -> None:
+        """Apply checked step updates in order (`finish_step`)."""
         try:
             for update in updates:
                 request_id = update.request_id
@@ -1063,10 +1089,6 @@ class KvManager:
                     self.free(request_id)
         except PoolError as exc:
             raise InvariantViolationError(f"a step's updates failed half way: {exc}") from exc
-        pool = self._pool
-        usage = PoolUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
-        cost = None if probe is None else self.prefill_cost(probe)
-        return StepOutcome(self.take_events(), usage, self.stats(), cost)
 
     # -------------------------------------------------------------- internals
 

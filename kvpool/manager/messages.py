@@ -127,6 +127,15 @@ class FinishStep(msgspec.Struct, frozen=True, gc=False, tag=True):
     probe: str | None = None
 
 
+class FinishStretch(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.finish_stretch``: a decode stretch's allocations, then a step's
+    updates (a jump whose last step finishes requests); the reply is a
+    `StretchFinished`."""
+
+    stretch: DecodeStretch
+    updates: list[StepUpdate]
+
+
 class GetManagerStats(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.stats`` plus the pool's occupancy."""
 
@@ -148,6 +157,7 @@ ManagerRequest: TypeAlias = (
     | TakeEvents
     | TakeBatch
     | FinishStep
+    | FinishStretch
     | GetManagerStats
     | CheckManager
 )
@@ -184,6 +194,14 @@ class BatchReply(msgspec.Struct, frozen=True, gc=False, tag=True):
     batch: KVEventBatch | None
 
 
+class StretchFinished(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """The answer to `FinishStretch`: the stretch's allocations, then the updates'
+    outcome."""
+
+    allocations: StretchAllocations
+    outcome: StepOutcome
+
+
 class ManagerStatsReply(msgspec.Struct, frozen=True, gc=False, tag=True):
     """The answer to `GetManagerStats`: the manager's counters and the pool's occupancy."""
 
@@ -199,6 +217,7 @@ ManagerReply: TypeAlias = (
     | StepOutcome
     | StepsReply
     | StretchAllocations
+    | StretchFinished
     | ManagerStatsReply
     | DoneReply
     | ErrorReply
@@ -233,6 +252,7 @@ __all__ = [
     "CheckManager",
     "EventsReply",
     "FinishStep",
+    "FinishStretch",
     "FreeRequest",
     "GetManagerStats",
     "GetPrefillCost",
@@ -244,6 +264,7 @@ __all__ = [
     "PreemptRequest",
     "PrefillCostReply",
     "StepsReply",
+    "StretchFinished",
     "TakeBatch",
     "TakeEvents",
     "decode",

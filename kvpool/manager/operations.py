@@ -15,13 +15,16 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
   ahead of newer ones.
 - `TakeEvents` and `TakeBatch` hand events out: undone by putting them back ahead of
   newer ones.
-- `TakeEvents`, `TakeBatch`, `FinishStep`, `AllocateSteps` and `AllocateStretch` are
-  ``ordered``: the actor serves one only after every earlier one's reply was read or
-  undone, so putting events back never lands them behind newer events another drainer
-  already took.
+- `TakeEvents`, `TakeBatch`, `FinishStep`, `FinishStretch`, `AllocateSteps` and
+  `AllocateStretch` are ``ordered``: the actor serves one only after every earlier
+  one's reply was read or undone, so putting events back never lands them behind newer
+  events another drainer already took.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
   their caller left; an unread `FinishStep` reply's events are put back.
+- `FinishStretch` gives blocks back too (its frees run even if its caller left) and
+  hands blocks and events out: an unread reply's allocations are undone as
+  `AllocateStretch`'s (a freed request's are gone with it), and its events put back.
 - `AppendTokens`, `MarkComputed` and an `AllocateSlots`' ``new_tokens`` took effect if
   the actor reached them (the computed
   count is a watermark, so re-sending it is harmless).
@@ -35,6 +38,7 @@ from typing import Any
 from kvpool.actors import WAIT, Handler, Wait
 from kvpool.actors.operation import Operation, handler_table
 from kvpool.errors import InvalidArgumentError
+from kvpool.events import KVEvent
 from kvpool.manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
@@ -47,6 +51,7 @@ from kvpool.manager.messages import (
     CheckManager,
     EventsReply,
     FinishStep,
+    FinishStretch,
     FreeRequest,
     GetManagerStats,
     GetPrefillCost,
@@ -55,10 +60,11 @@ from kvpool.manager.messages import (
     PreemptRequest,
     PrefillCostReply,
     StepsReply,
+    StretchFinished,
     TakeBatch,
     TakeEvents,
 )
-from kvpool.manager.types import PoolUsage, StepOutcome, StretchAllocations
+from kvpool.manager.types import DecodeStretch, PoolUsage, StepOutcome, StretchAllocations
 from kvpool.messages import DoneReply
 
 _DONE = DoneReply()
@@ -124,12 +130,26 @@ class ManagerState:
         )
 
     def undo_allocate_stretch(self, message: AllocateStretch, reply: StretchAllocations) -> None:
+        self._undo_stretch(message.stretch, reply, [])
+
+    def finish_stretch(self, message: FinishStretch) -> StretchFinished:
+        allocations, outcome = self.manager.finish_stretch(message.stretch, message.updates)
+        return StretchFinished(allocations, outcome)
+
+    def undo_finish_stretch(self, message: FinishStretch, reply: StretchFinished) -> None:
+        self._undo_stretch(message.stretch, reply.allocations, reply.outcome.events)
+
+    def _undo_stretch(
+        self, stretch: DecodeStretch, reply: StretchAllocations, later: list[KVEvent]
+    ) -> None:
+        """Undo a stretch's allocations, last first, then put its events back, and
+        ``later`` ones (drained after it) behind them."""
         manager = self.manager
-        stretch = message.stretch
         for k in range(len(reply.allocations) - 1, -1, -1):  # last in, first out
             request_id = stretch.request_ids[stretch.members[k]]
             manager.undo_allocation(request_id, reply.allocations[k])
-        manager.restore_events([event for _, events in reply.events for event in events])
+        events = [event for _, events in reply.events for event in events]
+        manager.restore_events(events + later if later else events)
 
     def mark_computed(self, message: MarkComputed) -> DoneReply:
         self.manager.mark_computed(message.request_id, message.num_computed_tokens)
@@ -228,6 +248,14 @@ OPERATIONS: tuple[Operation[ManagerState, Any, Any], ...] = (
         StepOutcome,
         ManagerState.finish_step,
         undo=ManagerState.undo_finish_step,
+        gives_back=True,
+        ordered=True,
+    ),
+    Operation(
+        FinishStretch,
+        StretchFinished,
+        ManagerState.finish_stretch,
+        undo=ManagerState.undo_finish_stretch,
         gives_back=True,
         ordered=True,
     ),

@@ -33,7 +33,7 @@ from kvpool.errors import (
     PoolError,
 )
 from kvpool.events import BlockStored
-from kvpool.manager import KvManager, ManagerClient, StepUpdate, open_manager
+from kvpool.manager import DecodeStretch, KvManager, ManagerClient, StepUpdate, open_manager
 from kvpool.messages import (
     ActivatePrefix,
     Admit,
@@ -78,6 +78,7 @@ MANAGER_METHODS = [
     "free",
     "preempt",
     "finish_step",
+    "finish_stretch",
     "take_events",
     "take_batch",
     "stats",
@@ -598,5 +599,31 @@ async def test_manager_calls_in_a_cancelled_scope() -> None:
         await _give_back_in_cancelled_scope(lambda: kv.finish_step([StepUpdate("b", [], -1, True)]))
         await kv.usage()
         assert "b" not in manager
+        assert (await kv.usage()).num_active == 0
+        await kv.check_invariants()
+
+
+@pytest.mark.anyio
+async def test_a_finish_stretch_in_a_cancelled_scope_frees_and_allocates_nothing() -> None:
+    """A `finish_stretch` gives blocks back, so in a cancelled scope it is posted and its
+    frees take effect; what its stretch allocated goes back (nobody reads the reply),
+    so the survivor's table is as before."""
+    managers: list[KvManager] = []
+    async with open_manager(8, BS, on_create=managers.append) as kv:
+        (manager,) = managers
+        for name, first in (("a", 0), ("b", 100)):
+            await kv.add_request(name, list(range(first, first + 3)))
+            assert await kv.allocate(name, 3, cache=True) is not None
+        await kv.take_events()
+        # a's first block fills, then its table grows by one; b finishes
+        stretch = DecodeStretch(["a"], [[7, 8]], [0, 0], [4, 5], [1, 1], [1, 2])
+        await anyio.wait_all_tasks_blocked()
+        await _give_back_in_cancelled_scope(
+            lambda: kv.finish_stretch(stretch, [StepUpdate("b", [], -1, True)])
+        )
+        await kv.usage()  # queued behind it: the actor has handled it by now
+        assert "b" not in manager
+        assert manager.num_blocks("a") == 1
+        await kv.free("a")
         assert (await kv.usage()).num_active == 0
         await kv.check_invariants()

@@ -55,6 +55,8 @@ from kvpool.manager import (
     PrefillCost,
     SlotRequest,
     StepAllocations,
+    StepOutcome,
+    StepUpdate,
     StretchAllocations,
 )
 from kvpool.pool import BlockPool
@@ -167,8 +169,8 @@ class OneSlotKv(LocalKvClient):
 
 
 class CountingSteps(LocalKvClient):
-    """Records each `allocate_steps` and `allocate_stretch` call: per step, its slots'
-    token counts."""
+    """Records each `allocate_steps`, `allocate_stretch` and `finish_stretch` call: per
+    step, its slots' token counts."""
 
     def __init__(self, manager: KvManager) -> None:
         super().__init__(manager)
@@ -195,6 +197,12 @@ class CountingSteps(LocalKvClient):
         return await super().allocate_stretch(
             stretch, probe, stop_if_cost_changes=stop_if_cost_changes
         )
+
+    async def finish_stretch(
+        self, stretch: DecodeStretch, updates: list[StepUpdate]
+    ) -> tuple[StretchAllocations, StepOutcome]:
+        self.calls.append([[slot.num_tokens for slot in slots] for slots in stretch.steps()])
+        return await super().finish_stretch(stretch, updates)
 
 
 @asynccontextmanager

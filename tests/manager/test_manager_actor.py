@@ -21,12 +21,20 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.events import decode_batch, encode_batch
-from kvpool.manager import DecodeStretch, KvManager, ManagerClient, SlotRequest, open_manager
+from kvpool.manager import (
+    DecodeStretch,
+    KvManager,
+    ManagerClient,
+    SlotRequest,
+    StepUpdate,
+    open_manager,
+)
 from kvpool.manager.messages import (
     AddRequest,
     AllocateSlots,
     AllocateSteps,
     AllocateStretch,
+    FinishStretch,
     TakeEvents,
 )
 from kvpool.manager.operations import ManagerState
@@ -385,6 +393,31 @@ def test_undoing_an_unread_stretch_gives_back_its_blocks_and_its_events() -> Non
     assert manager.num_blocks("a") == 1
     assert manager.pool.num_active() == before
     assert manager.take_events() == reply.events[0][1]
+    manager.check_invariants()
+
+
+def test_undoing_an_unread_finish_stretch_keeps_its_frees() -> None:
+    """A `FinishStretch` whose caller never read the reply: its frees stay made (it
+    gives blocks back), the survivors' allocations go back as an unread stretch's do,
+    and the events it drained are queued again, the stretch's first."""
+    handlers, manager = _handlers()
+    for name, first in (("a", 0), ("b", 10)):
+        manager.add_request(name, list(range(first, first + 3)))
+        assert manager.allocate(name, 3, cache=True) is not None
+    manager.take_events()
+    before = manager.pool.num_active()
+    # a's first block fills (Stored), then its table grows; b finishes
+    stretch = DecodeStretch(["a"], [[7, 8]], [0, 0], [4, 5], [1, 1], [1, 2])
+    message = FinishStretch(stretch, [StepUpdate("b", [], -1, True)])
+    reply = handlers.finish_stretch(message)
+    assert [len(allocation.block_ids) for allocation in reply.allocations.allocations] == [0, 1]
+    assert "b" not in manager
+    handlers.undo_finish_stretch(message, reply)
+    assert "b" not in manager  # freed for good
+    assert manager.num_blocks("a") == 1
+    assert manager.pool.num_active() == before - 1  # b's block went idle
+    drained = [event for _, events in reply.allocations.events for event in events]
+    assert manager.take_events() == drained + reply.outcome.events
     manager.check_invariants()
 
 

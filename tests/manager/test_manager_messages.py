@@ -31,6 +31,7 @@ from kvpool.manager.messages import (
     CheckManager,
     EventsReply,
     FinishStep,
+    FinishStretch,
     FreeRequest,
     GetManagerStats,
     GetPrefillCost,
@@ -42,6 +43,7 @@ from kvpool.manager.messages import (
     PreemptRequest,
     PrefillCostReply,
     StepsReply,
+    StretchFinished,
     TakeBatch,
     TakeEvents,
     decode,
@@ -65,6 +67,9 @@ MESSAGES: list[ManagerMessage] = [
         DecodeStretch(["r1", "r2"], [[7, 8], []], [0, 1, 0], [33, 17, 34], [1, 0, 1], [2, 3])
     ),
     AllocateStretch(DecodeStretch(["r1"], [[]], [0], [33], [0], [1]), "r2", PrefillCost(1, 0, 2)),
+    FinishStretch(
+        DecodeStretch(["r1"], [[7]], [0], [33], [1], [1]), [StepUpdate("r2", [], -1, True)]
+    ),
     MarkComputed("r1", 16),
     FreeRequest("r1"),
     PreemptRequest("r1"),
@@ -103,6 +108,10 @@ MESSAGES: list[ManagerMessage] = [
         [(1, [BlockRemoved(block_hashes=[4])])],
         ManagerStats(2, 9, 4, 1, 0, 2),
         PrefillCost(0, 0, 3),
+    ),
+    StretchFinished(
+        StretchAllocations([Allocation([], 0, [])], [0], [], ManagerStats(2, 9, 4, 1, 0, 2)),
+        StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(2, 9, 4, 1, 0, 2)),
     ),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0)),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0), PrefillCost(1, 1, 0)),

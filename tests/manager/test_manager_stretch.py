@@ -1,7 +1,7 @@
 """`KvManager.allocate_stretch`: the compact form of a run of decode steps' allocations
 is `allocate_steps` of the steps it stands for (`DecodeStretch.steps`), result for result
 (`StretchAllocations.of_steps`) and state for state, and a bad stretch is a typed error
-that changes nothing."""
+that changes nothing; `KvManager.finish_stretch` is the stretch then `finish_step`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,13 @@ from kvpool.errors import (
     TokenCountError,
     UnknownRequestError,
 )
-from kvpool.manager import DecodeStretch, KvManager, PrefillCost, StretchAllocations
+from kvpool.manager import (
+    DecodeStretch,
+    KvManager,
+    PrefillCost,
+    StepUpdate,
+    StretchAllocations,
+)
 
 
 def drawn_stretch(
@@ -189,3 +195,44 @@ def test_a_stretch_that_does_not_fit_stops_at_the_slot_keeping_its_tokens() -> N
     assert [len(a.block_ids) for a in got.allocations] == [0]
     assert len(got.kv_events) == 1
     assert manager.num_tokens("b") == 5
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), st.sampled_from(sorted(MODES)))
+def test_finish_stretch_is_the_stretch_then_finish_step(data: st.DataObject, mode: str) -> None:
+    """`finish_stretch` of a random stretch and random frees: the same results, state
+    and LRU as `allocate_stretch` then `finish_step` of the same updates."""
+    capacity, one, two, names = twin_tables(data, 5, frees=False, **MODES[mode])
+    stretch = drawn_stretch(data, capacity, two, names)
+    freed = data.draw(st.lists(st.sampled_from(names), unique=True), label="freed")
+    updates = [StepUpdate(name, [], -1, True) for name in freed]
+    expected = (two.allocate_stretch(stretch), two.finish_step(updates))
+    got = one.finish_stretch(stretch, updates)
+    event(f"frees: {len(freed)}")
+    assert summary(got[0]) == summary(expected[0])
+    assert got[1] == expected[1]
+    assert same_state(one, two)
+    assert evict_order(one) == evict_order(two)
+
+
+@pytest.mark.parametrize(
+    ("stretch", "updates", "error"),
+    [
+        (GOOD, [StepUpdate("x", [], -1, True)], UnknownRequestError),  # the frees are checked first
+        (GOOD, ["not an update"], InvalidArgumentError),
+        (
+            DecodeStretch(["x"], [[5]], [0], [4], [1], [1]),
+            [StepUpdate("a", [], -1, True)],
+            UnknownRequestError,
+        ),
+    ],
+)
+def test_a_bad_finish_stretch_raises_and_changes_nothing(
+    stretch: Any, updates: Any, error: type[PoolError]
+) -> None:
+    manager = two_holders()
+    before = snapshot(manager)
+    with pytest.raises(error):
+        manager.finish_stretch(stretch, updates)
+    assert snapshot(manager) == before
+    assert "a" in manager  # a bad stretch frees nothing either
