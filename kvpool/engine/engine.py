@@ -617,13 +617,21 @@ class MockEngine:
         if outcome is None:
             outcome = await self.kv.finish_step(self._frees(plan), None)
         self.running = [request for request in self.running if request.finish_s is None]
-        self._remember_cost(None, outcome.cost)
+        self._read_outcome(None, outcome)
+        self._end_step(held + outcome.events if held else outcome.events, self.clock)
+
+    def _read_outcome(self, probe: str | None, outcome: StepOutcome) -> None:
+        """Take in a `KvClient.finish_step` outcome: the probed head's cost, the usage
+        and the counters."""
+        self._remember_cost(probe, outcome.cost)
         self._dirty = False
-        events = held + outcome.events if held else outcome.events
         self._num_active = outcome.usage.num_active
+        read_counters(self.stats, outcome.stats)
+
+    def _end_step(self, events: list[KVEvent], now: float) -> None:
+        """A step's end at ``now``: its batch of ``events`` to the sink, if the step told
+        a router something, and its usage sample."""
         stats = self.stats
-        read_counters(stats, outcome.stats)
-        now = self.clock
         if close_batch(stats) and events and self.sink is not None:
             self.sink.publish(
                 KVEventBatch(
@@ -888,25 +896,9 @@ class MockEngine:
             waiting = self.waiting
             probe = waiting[0].request_id if waiting and self.config.enable_prefix_caching else None
             outcome = await kv.finish_step(updates, probe)
-            self._remember_cost(probe, outcome.cost)
-            self._dirty = False
+            self._read_outcome(probe, outcome)
             events = events + outcome.events if events else outcome.events
-            self._num_active = outcome.usage.num_active
-            read_counters(stats, outcome.stats)
         # else: nothing finished or was freed; this step's allocations drained their own
         # events and counters, and their blocks are in the engine's count
-        if close_batch(stats) and events and self.sink is not None:
-            self.sink.publish(
-                KVEventBatch(
-                    ts=self.epoch + now * self.ts_scale,
-                    events=events,
-                    data_parallel_rank=self.rank,
-                )
-            )
-        stats.record_sample(
-            now,
-            self._num_active / self.config.num_gpu_blocks,
-            stats.prefix_query_tokens,
-            stats.prefix_hit_tokens,
-        )
+        self._end_step(events, now)
         return duration, finished
