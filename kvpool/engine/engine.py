@@ -409,8 +409,7 @@ class MockEngine:
         (records, stats, their frees, the step's batch and its usage sample), and the
         frees ride on the jump's allocations (`KvClient.finish_stretch`: one call for
         both); a finishing step changes no admission when nobody waits, so only the
-        jump's end moves. What else it may do depends on the
-        queue's head:
+        jump's end moves. What else it may do depends on the queue's head:
 
         - *Nobody can be admitted whatever the cache holds* (the queue is empty, the
           head is held back by ``max_num_seqs`` or the token budget, or prefix caching

@@ -55,14 +55,8 @@ def apply_step(
             request.num_tokens += 1
             continue
         updates.append(StepUpdate(request.request_id, [], -1, True))
-        request.finish_s = now
         finished.append(request.request_id)
-        stats.completed += 1
-        stats.prompt_tokens += spec.input_length
-        stats.latency_s.append(now - request.arrival_s)
-        if output_length > 1:
-            stats.tpot_s.append((now - first_token_s) / (output_length - 1))
-        stats.requests.append(request.record(rank))
+        _finished(request, stats, now, rank)
     if same_gap:
         stats.record_itl(now - last, same_gap)
     return updates, finished
@@ -88,7 +82,7 @@ def apply_jump(
     stats: EngineStats,
     active: int,
     capacity: int,
-    rank: int = 0,
+    rank: int,
 ) -> tuple[list[tuple[float, list[KVEvent]]], list[KVEvent]]:
     """Apply a jump (`kvpool.engine.fast_forward.plan_jump`) whose allocations returned
     ``result`` (None if it planned none; a result may go on past the plan's groups: a
@@ -100,7 +94,7 @@ def apply_jump(
 
     A jump whose last step finishes requests (``plan.finished``) finishes them here as
     `apply_step` would (their records, in running order, with the worker ``rank``); the
-    caller then frees them in the manager (`kvpool.manager.KvManager.finish_step`) and
+    caller then frees them in the manager (with the jump's allocations or alone) and
     ends that step as a single step ends: its batch (the events returned second, then
     the free's) and its usage sample come after the free, so they are left out here."""
     grown = active
@@ -173,14 +167,19 @@ def _finish(
     for index in finished:
         request = running[index]
         request.num_tokens -= 1
-        spec = request.spec
-        output_length = spec.output.length
-        request.finish_s = now
-        stats.completed += 1
-        stats.prompt_tokens += spec.input_length
-        stats.latency_s.append(now - request.arrival_s)
-        if output_length > 1:
-            first_token_s = request.first_token_s
-            assert first_token_s is not None  # a decoding request sampled its first
-            stats.tpot_s.append((now - first_token_s) / (output_length - 1))
-        stats.requests.append(request.record(rank))
+        _finished(request, stats, now, rank)
+
+
+def _finished(request: EngineRequest, stats: EngineStats, now: float, rank: int) -> None:
+    """``request`` sampled its last token at ``now``: its finish, stats and record."""
+    spec = request.spec
+    output_length = spec.output.length
+    request.finish_s = now
+    stats.completed += 1
+    stats.prompt_tokens += spec.input_length
+    stats.latency_s.append(now - request.arrival_s)
+    if output_length > 1:
+        first_token_s = request.first_token_s
+        assert first_token_s is not None  # it sampled its first token before its last
+        stats.tpot_s.append((now - first_token_s) / (output_length - 1))
+    stats.requests.append(request.record(rank))

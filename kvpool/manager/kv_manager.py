@@ -1035,10 +1035,7 @@ class KvManager:
         """
         self._check_updates(updates, probe)
         self._apply_updates(updates)
-        pool = self._pool
-        usage = PoolUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
-        cost = None if probe is None else self.prefill_cost(probe)
-        return StepOutcome(self.take_events(), usage, self.stats(), cost)
+        return self._step_outcome(probe)
 
     def finish_stretch(
         self, stretch: object, updates: Sequence[StepUpdate]
@@ -1052,7 +1049,8 @@ class KvManager:
         each raises what its own call raises."""
         self._check_updates(updates, None)
         allocations = self.allocate_stretch(stretch)
-        return allocations, self.finish_step(updates)
+        self._apply_updates(updates)
+        return allocations, self._step_outcome(None)
 
     def _check_updates(self, updates: Sequence[StepUpdate], probe: object) -> None:
         """`finish_step`'s checks of its arguments (what it raises, before any change)."""
@@ -1075,6 +1073,14 @@ class KvManager:
                 raise InvalidArgumentError(f"the probe {probe!r} is freed by the step's updates")
         if probe is not None:
             self._get(probe)
+
+    def _step_outcome(self, probe: object) -> StepOutcome:
+        """After a step's updates: the drained events, the occupancy, the counters and
+        the checked ``probe``'s cost (`finish_step`)."""
+        pool = self._pool
+        usage = PoolUsage(pool.num_active(), pool.num_inactive(), pool.capacity)
+        cost = None if probe is None else self.prefill_cost(probe)
+        return StepOutcome(self.take_events(), usage, self.stats(), cost)
 
     def _apply_updates(self, updates: Sequence[StepUpdate]) -> None:
         """Apply checked step updates in order (`finish_step`)."""
