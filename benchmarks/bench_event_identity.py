@@ -77,11 +77,12 @@ for path, blocks in TRACES:
 
 
 def digests(tree: Path, requests: int, traces: list[tuple[str, int]]) -> list[str]:
-    """The per-run lines the child prints with ``tree``'s code."""
+    """The per-run lines the child prints with ``tree``'s code (run from ``tree``:
+    ``python -c`` puts the working directory ahead of ``PYTHONPATH``)."""
     code = f"RUNS = {RUNS + RUNS_LOCKSTEP!r}\nREQUESTS = {requests}\nTRACES = {traces!r}\n" + _CHILD
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True
     )
     return out.stdout.splitlines()
 

@@ -63,7 +63,8 @@ class Run:
 
 
 def simulate(tree: Path, trace: Path, flags: list[str], workdir: Path) -> Run:
-    """``kvpool simulate`` of ``trace`` with ``tree``'s code first on the path."""
+    """``kvpool simulate`` of ``trace`` with ``tree``'s code first on the path (run from
+    ``tree``: ``python -m`` puts the working directory ahead of ``PYTHONPATH``)."""
     report_path = workdir / "report.json"
     records_path = workdir / "requests.jsonl"
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -73,7 +74,7 @@ def simulate(tree: Path, trace: Path, flags: list[str], workdir: Path) -> Run:
     ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree, check=False)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
