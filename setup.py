@@ -12,8 +12,9 @@ from setuptools import setup
 
 CORE = [
     "kvpool/pool/block_pool.py",
-    "kvpool/pool/copy.py",
+    "kvpool/pool/extent.py",
     "kvpool/pool/types.py",
+    "kvpool/pool/runs.py",
     "kvpool/hashing/run_keys.py",
     "kvpool/engine/metrics.py",
     "kvpool/engine/request.py",

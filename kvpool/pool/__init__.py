@@ -9,6 +9,7 @@ from kvpool.pool.types import (
     PrefixHit,
     Reservation,
     ReserveOutcome,
+    RunAdmission,
 )
 
 if TYPE_CHECKING:
@@ -24,4 +25,5 @@ __all__ = [
     "PrefixHit",
     "Reservation",
     "ReserveOutcome",
+    "RunAdmission",
 ]

@@ -1,17 +1,37 @@
 """The synchronous, I/O-free block pool: the reference's semantics, validated and fast.
 
-Storage mirrors the reference's ``SlotMap``: ``_slots[slot]`` holds the live copy of a
-slot, and a ``BlockId`` is ``serial << 32 | slot`` with a process-wide serial, so an id
-is never reused and an id from another pool never names a copy here. ``_by_hash`` maps a
-hash to its first resident copy and ``_dups`` to the later ones, in insertion order.
-The inactive LRU is intrusive and circular around a sentinel: ``sentinel.next`` is the
-head (evicted first), ``sentinel.prev`` the tail (released last).
+The reference keeps one record per physical copy. Here a record is an `Extent`: a run
+of copies with consecutive ids, consecutive hashes (or all private), one refcount and
+pin count, and consecutive LRU stamps, so the work of a call follows the runs it
+touches, not its blocks: a request's prompt is a few runs of a chain (its trace blocks,
+or the run keys `kvpool.hashing.run_keys` gives them), its table a few runs of ids, and
+a release, an eviction or a prefix walk costs a step per run. Every answer is the
+reference's, copy by copy: an operation that covers part of an extent splits it first
+(`_split`), which changes nothing a caller can see.
+
+Two indexes find extents:
+- ``_pages``: ``id >> 6`` (an id page) -> the live extents of that page, in id order. A
+  `BlockId` is ``page << 6 | offset`` with pages claimed from a process-wide counter, so
+  an id is never reused and an id from another pool never names a copy here. Each
+  allocation takes pages of its own; a run of hashes cached at allocation gets a page
+  whose offsets are the hashes' own (``hash & 63``), so one run is one extent.
+- ``_buckets``: ``hash >> 6`` (a hash bucket) -> the cached extents holding hashes of
+  that bucket, in the order they were cached: a hash's *first copy* (the one
+  `prefix_hit` reports) is the first extent of its bucket that holds it, and its later
+  copies (physical duplicates) follow in order. A run key's stretch is one bucket.
+
+The inactive LRU is intrusive and circular around a sentinel extent: ``sentinel.next``
+is the head (evicted first), ``sentinel.prev`` the tail (released last), extents in
+order of their stamps.
 
 Every public method validates all of its arguments before it changes anything, so a
-`PoolError` leaves the pool exactly as it was: ``_resident`` and ``_live`` check a hash
-or an id, ``_cache`` and ``_release`` then act on a copy already checked (the batch
-calls check every item before acting on any). ``check_invariants`` re-derives everything
-from scratch to catch any slip.
+`PoolError` leaves the pool exactly as it was (a split made before a refusal changes no
+answer). ``check_invariants`` re-derives everything from scratch to catch any slip.
+
+Methods named ``*_runs`` are the range forms the request-level manager drives: chains
+and tables as runs (flat ``first, count, first, count, ...`` lists of consecutive ints),
+so that neither side builds a list of a request's blocks. The per-block methods are the
+same operations with their arguments and results as lists.
 
 This module is compiled with mypyc when the package is built (see setup.py), which
 makes each call 2-3x cheaper; the same source runs interpreted when it is not. A
@@ -34,14 +54,16 @@ from kvpool.errors import (
     InvalidArgumentError,
     InvalidHashError,
     InvariantViolationError,
-    PoolError,
     PrefixNotResidentError,
     ReservationClosedError,
     ReservationExhaustedError,
     UnknownBlockError,
 )
-from kvpool.pool.copy import PIN, REF_MASK, Copy
+from kvpool.pool.extent import PIN, PRIVATE, REF_MASK, Extent
 from kvpool.pool.items import as_list as _as_list
+from kvpool.pool.runs import add_run as _add_run
+from kvpool.pool.runs import expand as _expand
+from kvpool.pool.runs import overlapping, slice_runs
 from kvpool.pool.types import (
     ACTIVE_HIT,
     INACTIVE_HIT,
@@ -51,20 +73,25 @@ from kvpool.pool.types import (
     PrefixHit,
     Reservation,
     ReserveOutcome,
+    RunAdmission,
 )
 
-_SLOT_BITS: Final = 32
-_SLOT_MASK: Final = (1 << _SLOT_BITS) - 1
-_MAX_CAPACITY: Final = 1 << _SLOT_BITS
-_ID_STEP: Final = 1 << _SLOT_BITS
-_IDS_PER_RANGE: Final = 1 << 12
-# Pools claim ranges of serials from one process-wide counter, so an id is unique across
-# every pool in the process and the hot path needs no global state.
-_id_ranges = count(1)
+_PAGE_BITS: Final = 6
+_PAGE: Final = 1 << _PAGE_BITS
+_PAGE_MASK: Final = _PAGE - 1
+_BUCKET_BITS: Final = 6  # a run key's stretch: `kvpool.hashing.run_keys.RANGE_BITS`
+_BUCKET: Final = 1 << _BUCKET_BITS
+_BUCKET_MASK: Final = _BUCKET - 1
+_MAX_CAPACITY: Final = 1 << 32
+_PAGES_PER_SERIAL: Final = 1 << (32 - _PAGE_BITS)
+# A pool numbers its pages from 0 under a serial it claims from one process-wide counter
+# (a new one each 2**26 pages), so an id is unique across every pool in the process,
+# the hot path needs no global state, and two pools with one history give their copies
+# ids equal in the low 32 bits.
+_serials = count(1)
 _PIN_TO_REF: Final = 1 - PIN  # added to ``holds``: one pin becomes one reference
 _MAX_UNBOXED: Final = (1 << 62) - 1  # the largest int mypyc keeps as a machine word
-_CLAIMED: Final = object()  # cache_many's mark on a copy it has checked, until it acts
-_NO_HITS: Final[list[Copy]] = []  # never changed: the prefix of an admission of no chain
+_NO_RUNS: Final[list[int]] = []  # never changed: no run of hashes or ids
 
 
 class BlockPool:
@@ -74,61 +101,55 @@ class BlockPool:
     """
 
     __slots__ = (
-        "_by_hash",
+        "_buckets",
         "_capacity",
         "_clock",
-        "_dups",
         "_evictions",
-        "_free",
-        "_id_limit",
         "_lru",
-        "_next_id",
+        "_next_page",
         "_num_copies",
         "_num_inactive",
+        "_page_ends",
+        "_page_limit",
+        "_pages",
         "_refs",
         "_reserve_failures",
         "_reserved",
         "_reserves",
-        "_slots",
     )
 
     def __init__(self, capacity: object) -> None:
         # Set before anything can raise: __del__ reads these two.
-        # The slots grow with use up to `capacity` (copies never outnumber it): memory
-        # follows the blocks in use, not the capacity asked for.
-        self._slots: list[Copy | None] = []
-        sentinel = Copy(-1, None, -1)  # never inactive, never evicted
+        self._pages: dict[int, list[Extent]] = {}
+        sentinel = Extent(-1, 0, PRIVATE, 1, -1)  # never inactive, never evicted
         sentinel.prev = sentinel.next = sentinel
         self._lru = sentinel
         if type(capacity) is not int or not 1 <= capacity < _MAX_CAPACITY:
             raise InvalidArgumentError(f"capacity must be an int in [1, 2**32), got {capacity!r}")
         self._capacity: int = capacity
-        # The copies that left the pool, each still naming its empty slot (``id &
-        # _SLOT_MASK``), reused LIFO: a new copy takes one over with a fresh id, so a
-        # block costs no allocation once the pool has held as many at once.
-        self._free: list[Copy] = []
-        # Hashes travel as the caller's int objects (typed object): narrowing one to int
-        # would make the compiled code unbox it and box a fresh copy for every store.
-        self._by_hash: dict[object, Copy] = {}
-        self._dups: dict[object, list[Copy]] = {}  # never holds an empty list
+        self._buckets: dict[int, list[Extent]] = {}
+        # A page of private copies -> the next id of it never handed out: an allocation
+        # may continue there after its caller's last block (``after``), so that a table
+        # growing block by block stays one run of ids, and its blocks one extent.
+        self._page_ends: dict[int, int] = {}
         self._num_copies = 0
         self._num_inactive = 0
-        self._clock = 0  # stamps copies as requests let go of them (Copy.stamp)
+        self._clock = 0  # stamps copies as requests let go of them (Extent.stamp)
         self._reserved = 0
         self._refs = 0  # request references: one per private copy plus cached refs
         # Cumulative counters (kvpool's one source of them; see `reserves`).
         self._reserves = 0
         self._reserve_failures = 0
         self._evictions = 0
-        self._id_limit = 0
-        self._next_id = self._take_ids()  # ids are (serial << 32 | slot); serials only grow
+        self._next_page = 0
+        self._page_limit = 0
 
     def __del__(self) -> None:
-        # Compiled copies are invisible to the cyclic collector (see Copy), so the
+        # Compiled extents are invisible to the cyclic collector (see Extent), so the
         # LRU ring is unlinked by hand; bounded, in case a test corrupted the links.
         sentinel = self._lru
         node = sentinel.next
-        for _ in range(len(self._slots) + 1):
+        for _ in range(len(self._pages) * _PAGE + 1):
             if node is None or node is sentinel:
                 break
             following = node.next
@@ -166,10 +187,12 @@ class BlockPool:
 
     def prefix_hit(self, block_hash: object) -> PrefixHit | None:
         """Whether ``block_hash`` is resident, and whether its first copy is in use."""
-        copy = self._resident(block_hash)
-        if copy is None:
+        if not _is_hash(block_hash):
+            _bad_hash(block_hash)
+        found, _ = self._first_span(cast(int, block_hash), 1)
+        if found is None:
             return None
-        return ACTIVE_HIT if copy.holds else INACTIVE_HIT
+        return ACTIVE_HIT if found.holds else INACTIVE_HIT
 
     def match_prefix(self, hashes: object, limit: object = None) -> tuple[int, int]:
         """Walk ``hashes`` root first until the first miss (at most ``limit`` of them).
@@ -178,22 +201,15 @@ class BlockPool:
         those have an active first copy; the answers of one `prefix_hit` per hash, in
         one call. Raises `InvalidHashError` for a malformed hash before the first miss.
         """
-        hashes = hashes if type(hashes) is list else _as_list(hashes)
-        if limit is None:
-            limit = len(hashes)
-        elif type(limit) is not int or limit < 0:
-            raise InvalidArgumentError(f"limit must be an int >= 0 or None, got {limit!r}")
-        hits = active = 0
-        for block_hash in hashes:
-            if hits >= limit:
-                break
-            copy = self._resident(block_hash)
-            if copy is None:
-                break
-            hits += 1
-            if copy.holds:
-                active += 1
-        return hits, active
+        keys = hashes if type(hashes) is list else _as_list(hashes)
+        walk = _check_limit(limit, len(keys))
+        return self._walk(_runs_of(keys), walk, None)
+
+    def match_runs(self, runs: object, limit: object = None) -> tuple[int, int]:
+        """`match_prefix` of the chain ``runs`` (runs of consecutive hashes, flat
+        ``first, count`` pairs: `check_runs`' rules)."""
+        chain, size = _checked_runs(runs, "runs")
+        return self._walk(chain, _check_limit(limit, size), None)
 
     def any_resident(self, hashes: object) -> bool:
         """Whether any of ``hashes`` has a resident copy: `prefix_hit` of each, in one call.
@@ -201,7 +217,12 @@ class BlockPool:
         Raises `InvalidHashError` for a malformed hash among those read before a resident one.
         """
         keys = hashes if type(hashes) is list else _as_list(hashes)
-        return any(self._resident(block_hash) is not None for block_hash in keys)
+        return self._any_resident(_runs_of(keys))
+
+    def any_resident_runs(self, runs: object) -> bool:
+        """`any_resident` of the hashes ``runs`` holds (flat ``first, count`` pairs)."""
+        chain, _ = _checked_runs(runs, "runs")
+        return self._any_resident(chain)
 
     def num_active(self) -> int:
         """Copies in use plus reserved capacity: what vLLM reports as used blocks."""
@@ -227,20 +248,29 @@ class BlockPool:
         if type(fresh) is not int or fresh < 0:
             raise InvalidArgumentError(f"fresh must be an int >= 0, got {fresh!r}")
         hashes = prefix if type(prefix) is list else _as_list(prefix)
-        hits: list[Copy] = []
-        for block_hash in hashes:
-            copy = self._resident(block_hash)
-            if copy is None:
-                raise PrefixNotResidentError(
-                    f"prefix hash {block_hash} is not resident; look a prefix up with "
-                    "prefix_hit in the same turn as its reserve"
-                )
-            hits.append(copy)
-
-        removed = self._pin_and_reserve(hits, fresh)
+        runs = _runs_of(hashes)
+        pieces: list[int] = []
+        found = 0
+        for r in range(0, len(runs), 2):
+            key = runs[r]
+            left = cast(int, runs[r + 1])
+            while left:
+                if not _is_hash(key):
+                    _bad_hash(key)
+                first, span = self._first_span(cast(int, key), left)
+                if first is None:
+                    raise PrefixNotResidentError(
+                        f"prefix hash {key} is not resident; look a prefix up with "
+                        "prefix_hit in the same turn as its reserve"
+                    )
+                _add_run(pieces, first.id + cast(int, key) - first.hash, span)
+                found += span
+                key = cast(int, key) + span
+                left -= span
+        removed = self._pin_and_reserve(pieces, found, fresh, PIN)
         if removed is None:
             return None
-        return ReserveOutcome(Reservation(self, hits, fresh), cast("list[int]", removed))
+        return ReserveOutcome(Reservation(self, pieces, found, fresh), removed)
 
     def admit(
         self,
@@ -276,7 +306,51 @@ class BlockPool:
         call reads is checked before anything changes.
         """
         hashes = chain if type(chain) is list else _as_list(chain, "chain")
-        size = len(hashes)
+        admitted = self._admit(_runs_of(hashes), len(hashes), extra, blocks, limit, cache)
+        if admitted is None:
+            return None
+        return Admission(
+            cast("list[BlockId]", _expand(admitted.ids)),
+            admitted.cached,
+            admitted.active_cached,
+            admitted.removed,
+            admitted.stored,
+        )
+
+    def admit_runs(
+        self,
+        chain: object,
+        *,
+        blocks: object,
+        limit: object = None,
+        cache: object = 0,
+        after: object = -1,
+    ) -> RunAdmission | None:
+        """`admit` of the chain ``chain`` (runs of consecutive hashes, flat ``first,
+        count`` pairs) with ``blocks``, its ids as runs (`RunAdmission`): a request's
+        first allocation with no list of its blocks built on either side.
+
+        ``after`` (an int; -1: none) is the id of the caller's last block, which fresh
+        private copies follow when they can (the next ids were never handed out): a
+        hint that changes which ids the copies get, nothing else."""
+        runs, size = _checked_runs(chain, "chain")
+        if blocks is None:
+            raise InvalidArgumentError("admit_runs needs blocks")
+        if type(after) is not int:
+            raise InvalidArgumentError(f"after must be an int, got {after!r}")
+        return self._admit(runs, size, 0, blocks, limit, cache, after)
+
+    def _admit(
+        self,
+        runs: list[object],
+        size: int,
+        extra: object,
+        blocks: object,
+        limit: object,
+        cache: object,
+        after: int = -1,
+    ) -> RunAdmission | None:
+        """`admit` of the chain ``runs`` (unchecked runs of ``size`` hashes)."""
         walk = size
         wanted = -1  # no ``blocks``: fresh copies for the chain's misses plus ``extra``
         stored_upto = 0
@@ -297,20 +371,11 @@ class BlockPool:
             stored_upto = cache
         elif limit is not None or cache != 0:
             raise InvalidArgumentError("limit and cache need blocks")
-        hits: list[Copy] = []
-        active = 0
-        for index in range(walk):
-            copy = self._resident(hashes[index])
-            if copy is None:
-                break
-            hits.append(copy)
-            if copy.holds:
-                active += 1
+        pieces: list[int] = []
+        hits, active = self._walk(runs, walk, pieces)
         if wanted < 0:
-            # _resident checked the hashes up to the first miss, the miss included.
-            for index in range(len(hits) + 1, size):
-                if not _is_hash(hashes[index]):
-                    _bad_hash(hashes[index])
+            # _walk checked the hashes up to the first miss, the miss included.
+            _check_hashes(runs, hits + 1, size)
             if type(extra) is not int or extra < 0:
                 raise InvalidArgumentError(f"extra must be an int >= 0, got {extra!r}")
             if size + extra > self._capacity:
@@ -318,41 +383,38 @@ class BlockPool:
                     f"a chain of {size} blocks plus {extra} extra can never fit "
                     f"in a pool of {self._capacity}"
                 )
-            fresh = size - len(hits) + extra
+            fresh = size - hits + extra
         else:
             if wanted > self._capacity:
                 raise CapacityError(f"{wanted} blocks can never fit in a pool of {self._capacity}")
-            fresh = max(wanted - len(hits), 0)
-            for index in range(len(hits), stored_upto):
-                if not _is_hash(hashes[index]):
-                    _bad_hash(hashes[index])
-        removed = self._pin_and_reserve(hits, fresh)
+            fresh = max(wanted - hits, 0)
+            _check_hashes(runs, hits, stored_upto)
+        removed = self._pin_and_reserve(pieces, hits, fresh, 1)
         if removed is None:
             return None
-        ids: list[int] = []
-        for copy in hits:
-            copy.holds += _PIN_TO_REF
-            ids.append(copy.id)
-        self._refs += len(hits)
         stored: list[bool] = []
-        for index in range(len(hits), len(hits) + fresh):
-            copy = self._new_copy(None)
-            ids.append(copy.id)
-            if index < stored_upto:
-                stored.append(self._cache(copy, hashes[index]))
-        return Admission(
-            cast("list[BlockId]", ids), len(hits), active, cast("list[int]", removed), stored
-        )
+        if stored_upto > hits:
+            # checked: the hashes to cache are ints
+            chosen = slice_runs(cast("list[int]", runs), hits, stored_upto)
+            self._new_cached(cast("list[object]", chosen), pieces, stored)
+        self._new_private(fresh - len(stored), pieces, after)
+        return RunAdmission(pieces, hits, active, removed, stored)
 
-    def admit_each(self, counts: object) -> tuple[list[BlockId], list[list[int]]] | None:
+    def admit_each(
+        self, counts: object, after: object = None
+    ) -> tuple[list[BlockId], list[list[int]]] | None:
         """`admit` of no chain and ``extra=count`` for each of ``counts`` in order, all or
         nothing: the fresh ids of every admission in one list (in order) and each one's
         removed hashes, or None, changing nothing, when they do not all fit.
 
         The same copies, ids, evictions and counters as those calls one after another: a
         run of decode steps growing one table after another costs one call, not one
-        `Admission` per table. Raises `InvalidArgumentError` for a count that is not an
-        int >= 0 and `CapacityError` for one that could never fit.
+        `Admission` per table. ``after`` (None, or one int per count) gives each
+        admission `admit_runs`' hint: the id of its table's last block before this call
+        (-1: none); admissions of one table name the same id, and each follows the
+        one before it.
+        Raises `InvalidArgumentError` for a count that is not an int >= 0 or a bad
+        ``after``, and `CapacityError` for a count that could never fit.
         """
         wanted = counts if type(counts) is list else _as_list(counts, "counts")
         total = 0
@@ -365,15 +427,32 @@ class BlockPool:
                     f"in a pool of {self._capacity}"
                 )
             total += fresh
+        hints: list[object] = []
+        if after is not None:
+            hints = after if type(after) is list else _as_list(after, "after")
+            if len(hints) != len(wanted) or any(type(hint) is not int for hint in hints):
+                raise InvalidArgumentError(f"after must be one int per count, got {after!r:.200}")
         # Admissions only take: if all of them fit together, each one fits in its turn.
         if total - self._capacity + self._num_copies + self._reserved > self._num_inactive:
             return None  # refused whole: no admission was made, so none failed either
         ids: list[int] = []
         removed: list[list[int]] = []
-        for fresh in wanted:
-            evicted = self._pin_and_reserve(_NO_HITS, fresh)
-            removed.append(cast("list[int]", evicted))
-            ids.extend([self._new_copy(None).id for _ in range(fresh)])
+        tails: dict[int, int] = {}  # a table's last id before this call -> its last now
+        for i in range(len(wanted)):
+            fresh = cast(int, wanted[i])
+            evicted = self._pin_and_reserve(_NO_RUNS, 0, fresh, 1)
+            assert evicted is not None  # the total fits
+            removed.append(evicted)
+            if fresh:
+                runs: list[int] = []
+                table = cast(int, hints[i]) if hints else -1
+                self._new_private(fresh, runs, tails.get(table, table))
+                if table >= 0:
+                    tails[table] = runs[-2] + runs[-1] - 1
+                if fresh == 1:
+                    ids.append(runs[0])
+                else:
+                    ids.extend(_expand(runs))
         return cast("list[BlockId]", ids), removed
 
     def activate_prefix(self, reservation: object) -> list[BlockId]:
@@ -386,12 +465,12 @@ class BlockPool:
                 _closed(reservation)
             return []
         reservation._prefix = []
-        ids: list[BlockId] = []
-        for copy in prefix:
-            copy.holds += _PIN_TO_REF
-            ids.append(BlockId(copy.id))
-        self._refs += len(ids)
-        return ids
+        reservation._prefix_len = 0
+        for r in range(0, len(prefix), 2):
+            for extent in self._carve(prefix[r], prefix[r + 1]):
+                extent.holds += _PIN_TO_REF
+                self._refs += extent.n
+        return cast("list[BlockId]", _expand(prefix))
 
     def allocate_private(self, reservation: object) -> BlockId:
         """Spend one reserved unit on a new request-private copy."""
@@ -401,7 +480,9 @@ class BlockPool:
         if fresh <= 0:  # a cancelled reservation has none left either
             _exhausted(reservation)
         reservation._fresh = fresh - 1
-        return BlockId(self._new_copy(None).id)
+        ids: list[int] = []
+        self._new_private(1, ids)
+        return BlockId(ids[0])
 
     def allocate_cached(self, reservation: object, block_hash: object) -> tuple[BlockId, bool]:
         """Allocate straight into the cache; True iff the hash became visible (0 -> 1)."""
@@ -413,20 +494,21 @@ class BlockPool:
         if not _is_hash(block_hash):
             _bad_hash(block_hash)
         reservation._fresh = fresh - 1
-        copy = self._new_copy(block_hash)
-        if self._by_hash.setdefault(block_hash, copy) is copy:
-            return BlockId(copy.id), True
-        self._add_duplicate(block_hash, copy)
-        return BlockId(copy.id), False
+        ids: list[int] = []
+        stored: list[bool] = []
+        self._new_cached([block_hash, 1], ids, stored)
+        return BlockId(ids[0]), stored[0]
 
     def cache_private(self, block_id: object, block_hash: object) -> bool:
         """Make a private copy findable; True iff it is the hash's first resident copy."""
-        copy = self._live(block_id)
-        if copy.hash is not None:
-            _already_cached(copy)
+        extent = self._live(block_id)
+        if extent.hash != PRIVATE:
+            _already_cached(extent, cast(int, block_id))
         if not _is_hash(block_hash):
             _bad_hash(block_hash)
-        return self._cache(copy, block_hash)
+        flags: list[bool] = []
+        self._cache(self._carve(cast(int, block_id), 1)[0], cast(int, block_hash), flags)
+        return flags[0]
 
     def cache_many(self, pairs: object) -> list[bool]:
         """`cache_private` for each ``(block_id, hash)`` pair in order, all or nothing.
@@ -435,19 +517,18 @@ class BlockPool:
         valid hash), so a bad pair raises before anything changes. Returns the flags.
         """
         items = pairs if type(pairs) is list else _as_list(pairs)
-        copies: list[Copy] = []
+        ids: list[object] = []
         hashes: list[object] = []
-        try:
-            for pair in items:
-                if (type(pair) is not tuple and type(pair) is not list) or len(pair) != 2:
-                    raise InvalidArgumentError(f"expected a (block_id, hash) pair, got {pair!r}")
-                copies.append(self._claim(pair[0], pair[1]))
-                hashes.append(pair[1])
-        except PoolError:
-            for copy in copies:
-                copy.hash = None
-            raise
-        return [self._cache(copies[i], hashes[i]) for i in range(len(copies))]
+        seen: set[object] = set()
+        for pair in items:
+            if (type(pair) is not tuple and type(pair) is not list) or len(pair) != 2:
+                raise InvalidArgumentError(f"expected a (block_id, hash) pair, got {pair!r}")
+            self._claim(pair[0], pair[1], seen)
+            ids.append(pair[0])
+            hashes.append(pair[1])
+        flags: list[bool] = []
+        self._cache_aligned(_runs_of(ids), _runs_of(hashes), flags)
+        return flags
 
     def cache_chain(self, block_ids: object, hashes: object) -> list[bool]:
         """`cache_many` of the pairs ``zip(block_ids, hashes)``, given as two sequences of
@@ -459,35 +540,52 @@ class BlockPool:
             raise InvalidArgumentError(
                 f"{len(ids)} block ids and {len(keys)} hashes: one hash per block"
             )
-        copies: list[Copy] = []
-        try:
-            for i in range(len(ids)):
-                copies.append(self._claim(ids[i], keys[i]))  # noqa: PERF401 (kept on a refusal)
-        except PoolError:
-            for copy in copies:
-                copy.hash = None
-            raise
-        return [self._cache(copies[i], keys[i]) for i in range(len(copies))]
+        return self._cache_pairs(ids, keys, len(ids))
 
-    def _claim(self, block_id: object, block_hash: object) -> Copy:
-        """A batch's check of one pair: the live private copy, marked as claimed until
-        the batch acts (the caller clears the marks if the batch is refused)."""
-        copy = self._live(block_id)
-        if copy.hash is not None:
-            if copy.hash is _CLAIMED:
-                raise AlreadyCachedError(f"block {copy.id} appears twice in one batch")
-            _already_cached(copy)
+    def cache_runs(self, block_ids: object, hashes: object) -> list[bool]:
+        """`cache_chain` of the ids and hashes ``block_ids`` and ``hashes`` hold (each
+        runs of consecutive ints, flat ``first, count`` pairs, of one total length)."""
+        ids, size = _checked_runs(block_ids, "block_ids")
+        keys, length = _checked_runs(hashes, "hashes")
+        if size != length:
+            raise InvalidArgumentError(f"{size} block ids and {length} hashes: one hash per block")
+        if overlapping(cast("list[int]", ids)):
+            return self._cache_pairs(
+                cast("list[object]", _expand(cast("list[int]", ids))),
+                cast("list[object]", _expand(cast("list[int]", keys))),
+                size,
+            )
+        self._check_private(ids)
+        _check_hashes(keys, 0, length)
+        flags: list[bool] = []
+        self._cache_aligned(ids, keys, flags)
+        return flags
+
+    def _cache_pairs(self, ids: list[object], hashes: list[object], size: int) -> list[bool]:
+        """`cache_chain` of two lists of one length: each pair checked in order
+        (`_claim`), then all cached."""
+        seen: set[object] = set()
+        for i in range(size):
+            self._claim(ids[i], hashes[i], seen)
+        flags: list[bool] = []
+        self._cache_aligned(_runs_of(ids), _runs_of(hashes), flags)
+        return flags
+
+    def _claim(self, block_id: object, block_hash: object, seen: set[object]) -> None:
+        """A batch's check of one pair: a live private copy not named before in the batch
+        (``seen``, which it joins), and a valid hash."""
+        extent = self._live(block_id)
+        if block_id in seen:
+            raise AlreadyCachedError(f"block {block_id} appears twice in one batch")
+        if extent.hash != PRIVATE:
+            _already_cached(extent, cast(int, block_id))
         if not _is_hash(block_hash):
             _bad_hash(block_hash)
-        copy.hash = _CLAIMED  # so that a second mention of the copy is refused
-        return copy
+        seen.add(block_id)
 
     def release(self, block_id: object) -> None:
         """Drop one request reference: a private copy is freed, a cached one may go idle."""
-        copy = self._live(block_id)
-        if not copy.holds & REF_MASK:
-            _not_referenced(copy, 1)
-        self._release(copy)
+        self.release_many([block_id])
 
     def release_many(self, block_ids: object) -> None:
         """`release` each id in the order given, all or nothing.
@@ -496,8 +594,19 @@ class BlockPool:
         named in the batch), so a bad id raises before anything changes. Callers pass a
         request's table reversed to release it leaf first.
         """
-        for copy in self._releasable(block_ids):
-            self._release(copy)
+        ids = block_ids if type(block_ids) is list else _as_list(block_ids)
+        runs = self._releasable(ids)
+        for r in range(0, len(runs), 2):
+            for extent in reversed(self._carve(runs[r] - runs[r + 1] + 1, runs[r + 1])):
+                self._release(extent)
+
+    def release_runs(self, block_ids: object) -> None:
+        """`release_many` of a table given root first as runs of consecutive ids (flat
+        ``first, count`` pairs): every id released, leaf first (the last one first)."""
+        runs = self._table_runs(block_ids)
+        for r in range(len(runs) - 2, -1, -2):
+            for extent in reversed(self._carve(runs[r], runs[r + 1])):
+                self._release(extent)
 
     def unadmit(self, block_ids: object) -> None:
         """Undo an `admit` whose result nobody used: `release_many` of its ids (pass them
@@ -506,32 +615,63 @@ class BlockPool:
 
         Evictions the admit made stay made. Raises as `release_many`, changing nothing.
         """
-        for copy in self._releasable(block_ids):
-            if copy.hash is None:
-                self._release(copy)
-                continue
-            holds = copy.holds - 1
-            copy.holds = holds
-            self._refs -= 1
-            if not holds:
-                self._link_by_stamp(copy)
-
-    def _releasable(self, block_ids: object) -> list[Copy]:
-        """The copies ``block_ids`` name, each checked to hold as many references as it
-        is named; raises before anything changes."""
         ids = block_ids if type(block_ids) is list else _as_list(block_ids)
-        copies: list[Copy] = []
-        try:
-            for block_id in ids:
-                copy = self._live(block_id)
-                if not copy.holds & REF_MASK:
-                    _not_referenced(copy, 1 + sum(1 for seen in copies if seen is copy))
-                copy.holds -= 1  # taken back below: a later mention sees one ref fewer
-                copies.append(copy)
-        finally:
-            for copy in copies:
-                copy.holds += 1
-        return copies
+        runs = self._releasable(ids)
+        for r in range(0, len(runs), 2):
+            for extent in reversed(self._carve(runs[r] - runs[r + 1] + 1, runs[r + 1])):
+                self._unadmit(extent)
+
+    def unadmit_runs(self, block_ids: object) -> None:
+        """`unadmit` of a table's blocks given root first as runs (as `release_runs`)."""
+        runs = self._table_runs(block_ids)
+        for r in range(len(runs) - 2, -1, -2):
+            for extent in reversed(self._carve(runs[r], runs[r + 1])):
+                self._unadmit(extent)
+
+    def _unadmit(self, extent: Extent) -> None:
+        if extent.hash == PRIVATE:
+            self._drop(extent)
+            return
+        extent.holds -= 1
+        self._refs -= extent.n
+        if not extent.holds:
+            self._link_by_stamp(extent)
+
+    def _releasable(self, ids: list[object]) -> list[int]:
+        """The ids of a release, in their order, as descending runs (flat ``highest id,
+        count`` pairs: ids ``high, high - 1, ...``), every id checked live and holding as
+        many references as it is named; raises before anything changes."""
+        runs: list[int] = []
+        named: dict[int, int] = {}
+        for block_id in ids:
+            extent = self._live(block_id)
+            number = cast(int, block_id)
+            times = named.get(number, 0) + 1
+            named[number] = times
+            if extent.holds & REF_MASK < times:
+                _not_referenced(extent, number, times)
+            if runs and number == runs[-2] - runs[-1]:
+                runs[-1] += 1
+            else:
+                runs.append(number)
+                runs.append(1)
+        return runs
+
+    def _table_runs(self, block_ids: object) -> list[int]:
+        """A table's checked runs of ids (`release_runs`), each id live and held."""
+        runs, _ = _checked_runs(block_ids, "block_ids")
+        if overlapping(cast("list[int]", runs)):
+            # A table that names a block twice: the per-block checks count the names.
+            self._releasable(cast("list[object]", _expand(cast("list[int]", runs))))
+        for r in range(0, len(runs), 2):
+            first = cast(int, runs[r])
+            end = first + cast(int, runs[r + 1])
+            while first < end:
+                extent = self._live(first)
+                if not extent.holds & REF_MASK:
+                    _not_referenced(extent, first, 1)
+                first = extent.id + extent.n
+        return cast("list[int]", runs)
 
     def unallocate(self, block_id: object, reservation: object = None) -> None:
         """Undo an allocation: the copy leaves the pool as if it had never been allocated.
@@ -543,36 +683,21 @@ class BlockPool:
         BlockNotReferencedError (an idle copy: nothing to undo), BlockSharedError,
         ForeignReservationError and ReservationClosedError.
         """
-        copy = self._live(block_id)
+        extent = self._live(block_id)
+        number = cast(int, block_id)
         if reservation is not None:
             if type(reservation) is not Reservation or reservation._pool is not self:
                 _foreign(reservation)
             if reservation._closed:
                 _closed(reservation)
-        if not copy.holds:
-            _not_referenced(copy, 1)
-        if copy.holds != 1:
+        if not extent.holds:
+            _not_referenced(extent, number, 1)
+        if extent.holds != 1:
             raise BlockSharedError(
-                f"block {copy.id} is held by more than its allocation "
-                f"(refs={copy.refs}, pins={copy.pins}); release it instead"
+                f"block {number} is held by more than its allocation "
+                f"(refs={extent.refs}, pins={extent.pins}); release it instead"
             )
-        block_hash = copy.hash
-        if block_hash is not None:
-            dups = self._dups
-            later = dups.get(block_hash) if dups else None
-            if later is None:
-                del self._by_hash[block_hash]
-            else:
-                if self._by_hash[block_hash] is copy:
-                    self._by_hash[block_hash] = later.pop(0)
-                else:
-                    later.remove(copy)
-                if not later:
-                    del dups[block_hash]
-        self._slots[copy.id & _SLOT_MASK] = None
-        self._free.append(copy)
-        self._num_copies -= 1
-        self._refs -= 1
+        self._drop(self._carve(number, 1)[0])
         if reservation is not None:
             reservation._fresh += 1
             self._reserved += 1
@@ -597,91 +722,113 @@ class BlockPool:
         prefix = reservation._prefix
         if prefix:
             reservation._prefix = []
-            sentinel = self._lru
-            linked = 0
+            reservation._prefix_len = 0
             # Leaf first: a suffix becomes an older LRU candidate than its parent.
-            for copy in reversed(prefix):
-                holds = copy.holds - PIN
-                copy.holds = holds
-                if undo:
+            for r in range(len(prefix) - 2, -1, -2):
+                for extent in reversed(self._carve(prefix[r], prefix[r + 1])):
+                    holds = extent.holds - PIN
+                    extent.holds = holds
+                    if undo:
+                        if not holds:
+                            self._link_by_stamp(extent)
+                        continue
+                    extent.stamp = self._clock + 1
+                    self._clock += extent.n
                     if not holds:
-                        self._link_by_stamp(copy)  # counts itself
-                    continue
-                clock = self._clock + 1
-                self._clock = clock
-                copy.stamp = clock
-                if not holds:
-                    tail = cast(Copy, sentinel.prev)
-                    tail.next = copy
-                    copy.prev = tail
-                    copy.next = sentinel
-                    sentinel.prev = copy
-                    linked += 1
-            self._num_inactive += linked
+                        self._link_tail(extent)
         fresh = reservation._fresh
         if fresh:
             self._reserved -= fresh
             reservation._fresh = 0
 
-    def _link_by_stamp(self, copy: Copy) -> None:
-        """Link an idle copy into the LRU at its stamp's place (from the tail back: an
-        undo follows its call closely, so the place is near the tail)."""
-        sentinel = self._lru
-        node = cast(Copy, sentinel.prev)
-        stamp = copy.stamp
-        while node is not sentinel and node.stamp > stamp:
-            node = cast(Copy, node.prev)
-        nxt = cast(Copy, node.next)
-        node.next = copy
-        copy.prev = node
-        copy.next = nxt
-        nxt.prev = copy
-        self._num_inactive += 1
-
     # -------------------------------------------------------------- internals
 
-    def _resident(self, block_hash: object) -> Copy | None:
-        """The first copy of a resident hash, None for a valid absent one; a malformed
-        hash raises `InvalidHashError` (a resident hash was range-checked when cached)."""
-        try:
-            copy = self._by_hash.get(block_hash)
-        except TypeError:  # unhashable
-            _bad_hash(block_hash)
-        if copy is None or type(block_hash) is not int:
-            if not _is_hash(block_hash):
-                _bad_hash(block_hash)
-            return None
-        return copy
+    def _walk(self, runs: list[object], limit: int, pieces: list[int] | None) -> tuple[int, int]:
+        """Walk the chain ``runs`` root first to its first miss, at most ``limit`` hashes:
+        ``(hits, active)``; ``pieces``, if given, gets the hits' first copies' ids as
+        runs. Raises `InvalidHashError` for a malformed hash up to the first miss."""
+        hits = active = 0
+        for r in range(0, len(runs), 2):
+            if hits >= limit:
+                break
+            key = runs[r]
+            left = cast(int, runs[r + 1])
+            while left and hits < limit:
+                if not _is_hash(key):
+                    _bad_hash(key)
+                found, span = self._first_span(cast(int, key), min(left, limit - hits))
+                if found is None:
+                    return hits, active
+                hits += span
+                if found.holds:
+                    active += span
+                if pieces is not None:
+                    _add_run(pieces, found.id + cast(int, key) - found.hash, span)
+                key = cast(int, key) + span
+                left -= span
+        return hits, active
 
-    def _pin_and_reserve(self, hits: list[Copy], fresh: int) -> list[object] | None:
-        """Pin the validated prefix ``hits`` and reserve ``fresh`` units, evicting from
-        the LRU head as needed; the removed hashes, or None (nothing changed) if even
-        evicting every unpinned inactive copy would not make room."""
+    def _any_resident(self, runs: list[object]) -> bool:
+        for r in range(0, len(runs), 2):
+            key = runs[r]
+            left = cast(int, runs[r + 1])
+            while left:
+                if not _is_hash(key):
+                    _bad_hash(key)
+                start = cast(int, key)
+                span = min(left, _BUCKET - (start & _BUCKET_MASK))
+                bucket = self._buckets.get(start >> _BUCKET_BITS)
+                if bucket is not None:
+                    for extent in bucket:
+                        if extent.hash < start + span and start < extent.hash + extent.n:
+                            return True
+                key = start + span
+                left -= span
+        return False
+
+    def _first_span(self, key: int, want: int) -> tuple[Extent | None, int]:
+        """The extent holding ``key``'s first copy, and for how many hashes from ``key``
+        (at most ``want``, within the bucket) it holds their first copies too; (None, 0)
+        when ``key`` is not resident."""
+        bucket = self._buckets.get(key >> _BUCKET_BITS)
+        if bucket is None:
+            return None, 0
+        span = min(want, _BUCKET - (key & _BUCKET_MASK))
+        for extent in bucket:
+            low = extent.hash
+            if low <= key:
+                if key < low + extent.n:
+                    return extent, min(span, low + extent.n - key)
+            elif low < key + span:
+                span = low - key  # an earlier copy of a later hash: first from there on
+        return None, 0
+
+    def _pin_and_reserve(
+        self, pieces: list[int], hits: int, fresh: int, hold: int
+    ) -> list[int] | None:
+        """Hold (``hold``: a pin or a reference) the validated prefix copies ``pieces``
+        (``hits`` of them) and reserve ``fresh`` units, evicting from the LRU head as
+        needed; the removed hashes, or None (nothing changed) if even evicting every
+        unpinned inactive copy would not make room."""
         needed = fresh - self._capacity + self._num_copies + self._reserved
         if needed > 0:
             evictable = self._num_inactive
-            if needed > evictable - len(hits):
-                # Inactive prefix copies get pinned first, so they are not evictable.
-                evictable -= len({id(copy) for copy in hits if not copy.holds})
+            if needed > evictable - hits:
+                # Inactive prefix copies get held first, so they are not evictable.
+                evictable -= self._idle_among(pieces)
                 if needed > evictable:
                     self._reserve_failures += 1
                     return None
-
-        unlinked = 0
-        for copy in hits:
-            holds = copy.holds
-            if not holds:
-                # Leave the LRU before the pin: membership follows refs and pins.
-                prev = cast(Copy, copy.prev)  # linked: holds == 0
-                nxt = cast(Copy, copy.next)
-                prev.next = nxt
-                nxt.prev = prev
-                copy.prev = copy.next = None
-                unlinked += 1
-            copy.holds = holds + PIN
-        self._num_inactive -= unlinked
-
-        removed: list[object] = []
+        for r in range(0, len(pieces), 2):
+            for extent in self._carve(pieces[r], pieces[r + 1]):
+                if not extent.holds:
+                    # Leave the LRU before the hold: membership follows refs and pins.
+                    self._unlink(extent)
+                    self._num_inactive -= extent.n
+                extent.holds += hold
+        if hold == 1:
+            self._refs += hits
+        removed: list[int] = []
         if needed > 0:
             self._evict(needed, removed)
             self._evictions += needed
@@ -689,146 +836,437 @@ class BlockPool:
         self._reserves += 1
         return removed
 
-    def _live(self, block_id: object) -> Copy:
-        """The live copy ``block_id`` names, or `UnknownBlockError`."""
+    def _idle_among(self, pieces: list[int]) -> int:
+        """How many distinct copies the id runs ``pieces`` name are inactive."""
+        spans = sorted((pieces[r], pieces[r] + pieces[r + 1]) for r in range(0, len(pieces), 2))
+        idle = 0
+        reached = -1
+        for low, high in spans:
+            position = max(low, reached)
+            while position < high:
+                extent = self._live(position)
+                end = min(high, extent.id + extent.n)
+                if not extent.holds:
+                    idle += end - position
+                position = end
+            reached = max(reached, high)
+        return idle
+
+    def _new_private(self, fresh: int, ids: list[int], after: int = -1) -> None:
+        """Spend ``fresh`` reserved units on private copies, each holding one reference;
+        their ids join the runs ``ids``. They follow the id ``after`` in its page while
+        its page has room and nobody took the ids after it (`_page_ends`), else go on
+        pages of their own."""
+        self._reserved -= fresh
+        self._num_copies += fresh
+        self._refs += fresh
+        if fresh and after >= 0 and (after + 1) & _PAGE_MASK:
+            page = after >> _PAGE_BITS
+            if self._page_ends.get(page, -1) == after + 1:
+                n = min(fresh, _PAGE - ((after + 1) & _PAGE_MASK))
+                extents = self._pages[page]
+                last = extents[-1]
+                if (
+                    last.id + last.n == after + 1
+                    and last.hash == PRIVATE
+                    and last.holds == 1
+                    and not last.stamp
+                ):
+                    last.n += n  # one extent: alike but for their ids
+                else:
+                    extents.append(Extent(after + 1, n, PRIVATE, 1, 0))
+                self._page_ends[page] = after + 1 + n
+                _add_run(ids, after + 1, n)
+                fresh -= n
+        while fresh:
+            page = self._take_page()
+            n = min(fresh, _PAGE)
+            extent = Extent(page << _PAGE_BITS, n, PRIVATE, 1, 0)
+            self._pages[page] = [extent]
+            self._page_ends[page] = extent.id + n
+            _add_run(ids, extent.id, n)
+            fresh -= n
+
+    def _new_cached(self, hashes: list[object], ids: list[int], stored: list[bool]) -> None:
+        """Spend a reserved unit on a cached copy of each of the checked hashes ``hashes``
+        (runs), in order, each holding one reference; their ids join the runs ``ids``,
+        and ``stored`` gets whether each is its hash's first resident copy. A run of
+        one bucket gets a page of its own at the hashes' offsets: one extent."""
+        for r in range(0, len(hashes), 2):
+            key = cast(int, hashes[r])
+            left = cast(int, hashes[r + 1])
+            while left:
+                n = min(left, _BUCKET - (key & _BUCKET_MASK), _PAGE - (key & _PAGE_MASK))
+                page = self._take_page()
+                extent = Extent(page << _PAGE_BITS | key & _PAGE_MASK, n, PRIVATE, 1, 0)
+                self._pages[page] = [extent]
+                self._reserved -= n
+                self._num_copies += n
+                self._refs += n
+                self._cache(extent, key, stored)
+                _add_run(ids, extent.id, n)
+                key += n
+                left -= n
+
+    def _cache_aligned(self, ids: list[object], hashes: list[object], flags: list[bool]) -> None:
+        """Cache the checked private copies ``ids`` under ``hashes`` (runs of one total
+        length), pair by pair in order; ``flags`` gets each one's first-copy flag."""
+        h = 0
+        key = 0
+        left_keys = 0
+        for r in range(0, len(ids), 2):
+            first = cast(int, ids[r])
+            left = cast(int, ids[r + 1])
+            while left:
+                if not left_keys:
+                    key = cast(int, hashes[h])
+                    left_keys = cast(int, hashes[h + 1])
+                    h += 2
+                n = min(left, left_keys)
+                for extent in self._carve(first, n):
+                    self._cache(extent, key, flags)
+                    key += extent.n
+                first += n
+                left -= n
+                left_keys -= n
+
+    def _cache(self, extent: Extent, key: int, flags: list[bool]) -> None:
+        """Make the private ``extent`` (carved: no other copy in it) findable under the
+        hashes from ``key`` on, split at bucket ends; ``flags`` gets whether each copy
+        is its hash's first resident copy."""
+        while True:
+            room = _BUCKET - (key & _BUCKET_MASK)
+            rest = self._split(extent, room) if extent.n > room else None
+            bucket = self._buckets.get(key >> _BUCKET_BITS)
+            if bucket is None:
+                self._buckets[key >> _BUCKET_BITS] = [extent]
+                flags.extend([True] * extent.n)
+            else:
+                end = key + extent.n
+                overlap = False
+                for other in bucket:
+                    if other.hash < end and key < other.hash + other.n:
+                        overlap = True
+                        break
+                if not overlap:
+                    flags.extend([True] * extent.n)
+                else:
+                    flags.extend(
+                        not any(o.hash <= k < o.hash + o.n for o in bucket) for k in range(key, end)
+                    )
+                bucket.append(extent)
+            extent.hash = key
+            self._merge_down(extent)
+            if rest is None:
+                return
+            key += extent.n
+            extent = rest
+
+    def _merge_down(self, extent: Extent) -> None:
+        """Merge a just cached, held ``extent`` into the extent before it in its page when
+        the two are alike and continue each other (ids, hashes, one bucket, never let
+        go of) and no other copy holds its hashes: a table cached block by block (a
+        decode) stays one extent."""
+        if not extent.holds or extent.stamp or not extent.hash & _BUCKET_MASK:
+            return
+        extents = self._pages[extent.id >> _PAGE_BITS]
+        if len(extents) == 1:
+            return
+        at = extents.index(extent)
+        if not at:
+            return
+        lower = extents[at - 1]
+        if (
+            lower.id + lower.n == extent.id
+            and lower.hash + lower.n == extent.hash
+            and lower.hash != PRIVATE
+            and lower.holds == extent.holds
+            and not lower.stamp
+            and self._alone_in(extent)
+        ):
+            self._forget(extent)
+            lower.n += extent.n
+
+    def _release(self, extent: Extent) -> None:
+        """Drop one reference of each copy of a carved extent, released as one run leaf
+        first (a private copy holds exactly one, and leaves the pool)."""
+        if extent.hash == PRIVATE:
+            self._drop(extent)
+            return
+        holds = extent.holds - 1
+        extent.holds = holds
+        self._refs -= extent.n
+        extent.stamp = self._clock + 1
+        self._clock += extent.n
+        if not holds:
+            self._link_tail(extent)
+
+    def _link_tail(self, extent: Extent) -> None:
+        """Link an idle extent at the LRU tail (stamped after every linked one), merged
+        into the tail when it continues it (its lower neighbour, let go of next)."""
+        sentinel = self._lru
+        tail = cast(Extent, sentinel.prev)
+        self._num_inactive += extent.n
+        if (
+            tail.id == extent.id + extent.n
+            and tail.hash == extent.hash + extent.n
+            and tail.stamp + tail.n == extent.stamp
+            and tail.id & _PAGE_MASK
+            and tail.hash & _BUCKET_MASK
+            and self._alone_in(tail)
+        ):
+            # One extent again: ids, hashes and stamps all continue across the seam.
+            self._unlink(tail)
+            self._forget(tail)
+            extent.n += tail.n
+            extent.stamp = tail.stamp
+            tail = cast(Extent, sentinel.prev)
+        tail.next = extent
+        extent.prev = tail
+        extent.next = sentinel
+        sentinel.prev = extent
+
+    def _alone_in(self, extent: Extent) -> bool:
+        """Whether no other extent of its bucket holds any of its hashes."""
+        low = extent.hash
+        high = low + extent.n
+        for other in self._buckets[low >> _BUCKET_BITS]:
+            if other is not extent and other.hash < high and low < other.hash + other.n:
+                return False
+        return True
+
+    def _link_by_stamp(self, extent: Extent) -> None:
+        """Link an idle extent into the LRU at its stamp's place (from the tail back: an
+        undo follows its call closely, so the place is near the tail)."""
+        sentinel = self._lru
+        node = cast(Extent, sentinel.prev)
+        stamp = extent.stamp
+        while node is not sentinel and node.stamp > stamp:
+            node = cast(Extent, node.prev)
+        following = cast(Extent, node.next)
+        node.next = extent
+        extent.prev = node
+        extent.next = following
+        following.prev = extent
+        self._num_inactive += extent.n
+
+    def _unlink(self, extent: Extent) -> None:
+        previous = cast(Extent, extent.prev)
+        following = cast(Extent, extent.next)
+        previous.next = following
+        following.prev = previous
+        extent.prev = extent.next = None
+
+    def _evict(self, count: int, removed: list[int]) -> None:
+        """Evict ``count`` copies from the LRU head, each extent's last copies first; a
+        hash is removed on its last copy."""
+        sentinel = self._lru
+        while count:
+            extent = cast(Extent, sentinel.next)  # count <= inactive: never the sentinel
+            n = extent.n
+            taken = n if n <= count else count
+            top = extent.hash + n - 1
+            bucket = self._buckets[extent.hash >> _BUCKET_BITS]
+            if len(bucket) == 1:
+                if taken == 1:
+                    removed.append(top)
+                else:
+                    removed.extend(range(top, top - taken, -1))
+            else:
+                removed.extend(
+                    key
+                    for key in range(top, top - taken, -1)
+                    if not any(
+                        other is not extent and other.hash <= key < other.hash + other.n
+                        for other in bucket
+                    )
+                )
+            count -= taken
+            self._num_copies -= taken
+            self._num_inactive -= taken
+            if taken < n:
+                extent.n = n - taken
+                if extent.stamp:
+                    extent.stamp += taken
+                break
+            self._unlink(extent)
+            self._forget(extent)
+
+    def _drop(self, extent: Extent) -> None:
+        """A carved extent of copies that each hold one reference leaves the pool."""
+        self._forget(extent)
+        self._num_copies -= extent.n
+        self._refs -= extent.n
+
+    def _forget(self, extent: Extent) -> None:
+        """Take a dead (or merged) extent out of its page and bucket."""
+        page = extent.id >> _PAGE_BITS
+        extents = self._pages[page]
+        if len(extents) == 1:
+            del self._pages[page]
+            self._page_ends.pop(page, None)
+        else:
+            extents.remove(extent)
+        if extent.hash != PRIVATE:
+            bucket_key = extent.hash >> _BUCKET_BITS
+            bucket = self._buckets[bucket_key]
+            if len(bucket) == 1:
+                del self._buckets[bucket_key]
+            else:
+                bucket.remove(extent)
+
+    def _live(self, block_id: object) -> Extent:
+        """The extent holding the live copy ``block_id``, or `UnknownBlockError`."""
         if type(block_id) is not int:
             _unknown(block_id)
-        slot = block_id & _SLOT_MASK
-        copy = self._slots[slot] if slot < len(self._slots) else None
-        if copy is None or copy.id != block_id:
-            _unknown(block_id)
-        return copy
+        extents = self._pages.get(block_id >> _PAGE_BITS)
+        if extents is not None:
+            for extent in extents:
+                if extent.id <= block_id < extent.id + extent.n:
+                    return extent
+        _unknown(block_id)
 
-    def _cache(self, copy: Copy, block_hash: object) -> bool:
-        """Index a validated private copy under ``block_hash``; True on the first copy."""
-        copy.hash = block_hash
-        if self._by_hash.setdefault(block_hash, copy) is copy:
-            return True
-        self._add_duplicate(block_hash, copy)
-        return False
+    def _check_private(self, ids: list[object]) -> None:
+        """Every id of the runs ``ids`` is a live private copy (`cache_runs`)."""
+        for r in range(0, len(ids), 2):
+            first = cast(int, ids[r])
+            end = first + cast(int, ids[r + 1])
+            while first < end:
+                extent = self._live(first)
+                if extent.hash != PRIVATE:
+                    _already_cached(extent, first)
+                first = extent.id + extent.n
 
-    def _release(self, copy: Copy) -> None:
-        """Drop one reference of a validated copy (a private copy holds exactly one)."""
-        if copy.hash is None:
-            self._slots[copy.id & _SLOT_MASK] = None
-            self._free.append(copy)
-            self._num_copies -= 1
-            self._refs -= 1
-            return
-        holds = copy.holds - 1
-        copy.holds = holds
-        self._refs -= 1
-        clock = self._clock + 1
-        self._clock = clock
-        copy.stamp = clock
-        if not holds:
-            sentinel = self._lru
-            tail = cast(Copy, sentinel.prev)
-            tail.next = copy
-            copy.prev = tail
-            copy.next = sentinel
-            sentinel.prev = copy
-            self._num_inactive += 1
+    def _carve(self, first: int, n: int) -> list[Extent]:
+        """The extents that hold exactly the live ids ``[first, first + n)``, in id
+        order, split where the range ends inside one."""
+        extents: list[Extent] = []
+        end = first + n
+        while first < end:
+            extent = self._live(first)
+            if extent.id < first:
+                extent = self._split(extent, first - extent.id)
+            if extent.id + extent.n > end:
+                self._split(extent, end - extent.id)
+            extents.append(extent)
+            first += extent.n
+        return extents
 
-    def _new_copy(self, block_hash: object) -> Copy:
-        """Spend one reserved unit on a copy holding one reference, in a free slot."""
-        block_id = self._next_id
-        if block_id >= self._id_limit:
-            block_id = self._take_ids()
-        self._next_id = block_id + _ID_STEP
-        free = self._free
-        if free:
-            copy = free.pop()  # unlinked and unindexed when it left
-            slot = copy.id & _SLOT_MASK
-            copy.id = block_id | slot
-            copy.hash = block_hash
-            copy.holds = 1
-            copy.stamp = 0
-            self._slots[slot] = copy
-        else:
-            copy = Copy(block_id | len(self._slots), block_hash, 1)
-            self._slots.append(copy)
-        self._reserved -= 1
-        self._num_copies += 1
-        self._refs += 1
-        return copy
+    def _split(self, extent: Extent, at: int) -> Extent:
+        """Split ``extent`` after its first ``at`` copies (``0 < at < n``); return the
+        part after them, which takes its place next to it in every index."""
+        n = extent.n
+        hashed = extent.hash != PRIVATE
+        upper = Extent(
+            extent.id + at, n - at, extent.hash + at if hashed else PRIVATE, extent.holds, 0
+        )
+        if extent.stamp:
+            upper.stamp = extent.stamp  # the last copies hold the lowest stamps
+            extent.stamp += n - at
+        extent.n = at
+        extents = self._pages[extent.id >> _PAGE_BITS]
+        extents.insert(extents.index(extent) + 1, upper)
+        if hashed:
+            bucket = self._buckets[extent.hash >> _BUCKET_BITS]
+            bucket.insert(bucket.index(extent) + 1, upper)
+        previous = extent.prev
+        if previous is not None:  # linked: the upper part is evicted first
+            previous.next = upper
+            upper.prev = previous
+            upper.next = extent
+            extent.prev = upper
+        return upper
 
-    def _take_ids(self) -> int:
-        """Claim the next process-wide range of ids; returns its first (slot-less) id."""
-        first = next(_id_ranges) * _IDS_PER_RANGE * _ID_STEP
-        self._id_limit = first + _IDS_PER_RANGE * _ID_STEP
-        return first
+    def _take_page(self) -> int:
+        """A page of ids never handed out (claimed from the process-wide counter)."""
+        page = self._next_page
+        if page >= self._page_limit:
+            page = next(_serials) * _PAGES_PER_SERIAL
+            self._page_limit = page + _PAGES_PER_SERIAL
+        self._next_page = page + 1
+        return page
 
-    def _add_duplicate(self, block_hash: object, copy: Copy) -> None:
-        later = self._dups.get(block_hash)
-        if later is None:
-            self._dups[block_hash] = [copy]
-        else:
-            later.append(copy)
+    # ------------------------------------------------------------ debug views
 
-    def _evict(self, count: int, removed: list[object]) -> None:
-        """Evict ``count`` copies from the LRU head; a hash is removed on its last copy."""
+    def debug_copies(self) -> list[tuple[int, int | None, int, int]]:
+        """Every live copy as ``(id, hash or None, refs, pins)``, in id order: for tests
+        that compare states copy by copy (not part of the semantics' API)."""
+        copies: list[tuple[int, int | None, int, int]] = []
+        for page in sorted(self._pages):
+            for extent in self._pages[page]:
+                for i in range(extent.n):
+                    hashed = None if extent.hash == PRIVATE else extent.hash + i
+                    copies.append((extent.id + i, hashed, extent.refs, extent.pins))
+        return copies
+
+    def debug_lru(self) -> list[BlockId]:
+        """The inactive LRU's copies, head (evicted first) to tail: for tests (the
+        public API shows this order only through later evictions)."""
+        ids: list[int] = []
         sentinel = self._lru
-        slots = self._slots
-        free = self._free
-        by_hash = self._by_hash
-        dups = self._dups
-        copy = cast(Copy, sentinel.next)  # count <= inactive: the sentinel is never reached
-        for _ in range(count):
-            slots[copy.id & _SLOT_MASK] = None
-            free.append(copy)
-            block_hash = copy.hash
-            if dups and block_hash in dups:
-                later = dups[block_hash]
-                if by_hash[block_hash] is copy:
-                    by_hash[block_hash] = later.pop(0)
-                else:
-                    later.remove(copy)
-                if not later:
-                    del dups[block_hash]
-            else:
-                del by_hash[block_hash]
-                removed.append(block_hash)
-            # Unlink fully: adjacent evicted copies would otherwise keep each other alive.
-            nxt = cast(Copy, copy.next)
-            copy.prev = copy.next = None
-            copy = nxt
-        sentinel.next = copy
-        copy.prev = sentinel
-        self._num_copies -= count
-        self._num_inactive -= count
+        node = cast(Extent, sentinel.next)
+        while node is not sentinel:
+            ids.extend(range(node.id + node.n - 1, node.id - 1, -1))
+            node = cast(Extent, node.next)
+        return cast("list[BlockId]", ids)
+
+    def debug_index(self) -> dict[int, list[BlockId]]:
+        """Each resident hash's copies, first copy first: for tests."""
+        index: dict[int, list[int]] = {}
+        for bucket in self._buckets.values():
+            for extent in bucket:
+                for i in range(extent.n):
+                    index.setdefault(extent.hash + i, []).append(extent.id + i)
+        return cast("dict[int, list[BlockId]]", {h: index[h] for h in sorted(index)})
 
     # ------------------------------------------------------------- invariants
 
     def check_invariants(self) -> None:
         """Re-derive all state from scratch; raise `InvariantViolationError` on any breach.
 
-        The reference's LRU consistency check, plus: every cached copy is indexed exactly
-        once, no hash entry is empty, counters match, copies + reserved <= capacity.
+        The reference's LRU consistency check, plus: every extent sits in its page and,
+        cached, its bucket exactly once and within them, no index entry is empty,
+        counters match, copies + reserved <= capacity.
         """
-        live: dict[int, Copy] = {}
-        for slot, copy in enumerate(self._slots):
-            if copy is None:
-                continue
-            _require(copy.id & _SLOT_MASK == slot, f"copy {copy.id} sits in slot {slot}")
-            _require(copy.id not in live, f"copy {copy.id} occupies two slots")
-            live[copy.id] = copy
-        _require(len(live) == self._num_copies, "live copy count does not match its counter")
-        _require(len(self._slots) <= self._capacity, "more slots than capacity")
-        _require(
-            sorted(c.id & _SLOT_MASK for c in self._free)
-            == [s for s, c in enumerate(self._slots) if c is None],
-            "free-slot list does not match the empty slots",
-        )
+        live: dict[int, Extent] = {}  # id(extent) -> extent
+        copies = 0
+        refs = 0
+        for page, extents in self._pages.items():
+            _require(bool(extents), f"page {page} has no extent")
+            last = -1
+            for extent in extents:
+                _require(extent.n >= 1, f"extent at {extent.id} holds no copy")
+                _require(
+                    extent.id >> _PAGE_BITS == page
+                    and (extent.id + extent.n - 1) >> _PAGE_BITS == page,
+                    f"extent at {extent.id} is not within its page {page}",
+                )
+                _require(extent.id > last, f"page {page} is out of id order or overlaps")
+                last = extent.id + extent.n - 1
+                _require(id(extent) not in live, f"extent at {extent.id} sits twice")
+                live[id(extent)] = extent
+                copies += extent.n
+                _require(extent.holds >= 0, f"extent at {extent.id} has a negative count")
+                refs += extent.refs * extent.n
+        _require(copies == self._num_copies, "live copy count does not match its counter")
         _require(self._reserved >= 0, "reserved capacity is negative")
         _require(
             self._num_copies + self._reserved <= self._capacity,
             "block-pool occupancy exceeds capacity",
         )
+        _require(refs == self._refs, "request reference count does not match its counter")
+        for page, end in self._page_ends.items():
+            _require(page in self._pages, f"page {page} has an end but no extent")
+            final = self._pages[page][-1]
+            _require(
+                final.id + final.n <= end and end >> _PAGE_BITS <= page + 1,
+                f"page {page} handed out ids past its end",
+            )
 
         # The reference's assert_lru_consistent, on the circular list.
         sentinel = self._lru
         linked: set[int] = set()
+        inactive = 0
         previous = sentinel
         cursor = sentinel.next
         while cursor is not sentinel:
@@ -836,66 +1274,57 @@ class BlockPool:
             assert cursor is not None
             _require(id(cursor) not in linked, "inactive LRU contains a cycle")
             linked.add(id(cursor))
-            _require(live.get(cursor.id) is cursor, "inactive LRU points to a missing copy")
-            _require(cursor.hash is not None, "inactive LRU contains a private copy")
-            _require(
-                (cursor.refs, cursor.pins) == (0, 0),
-                "active copy is linked into the inactive LRU",
-            )
+            _require(live.get(id(cursor)) is cursor, "inactive LRU points to a missing copy")
+            _require(cursor.hash != PRIVATE, "inactive LRU contains a private copy")
+            _require(cursor.holds == 0, "active copy is linked into the inactive LRU")
             _require(cursor.prev is previous, "inactive LRU contains a broken back-pointer")
+            # Stamps rise along the LRU; never let-go-of copies (stamp 0) lead it.
+            newest = previous.stamp + previous.n - 1 if previous.stamp else 0
             _require(
-                previous is sentinel or previous.stamp <= cursor.stamp,
+                previous is sentinel
+                or newest < cursor.stamp
+                or (not cursor.stamp and not previous.stamp),
                 "inactive LRU is out of stamp order",
             )
+            inactive += cursor.n
             previous = cursor
             cursor = cursor.next
         _require(sentinel.prev is previous, "inactive LRU tail does not match its last copy")
         _require(
-            len(linked) == self._num_inactive,
+            inactive == self._num_inactive,
             "inactive LRU length does not match its reachable copies",
         )
 
-        refs = 0
-        for copy in live.values():
-            _require(copy.holds >= 0, f"copy {copy.id} has a negative reference or pin count")
-            if copy.hash is None:
+        indexed: set[int] = set()
+        for bucket_key, bucket in self._buckets.items():
+            _require(bool(bucket), f"hash bucket {bucket_key} has no extent")
+            for extent in bucket:
+                _require(live.get(id(extent)) is extent, f"bucket {bucket_key} holds a dead copy")
                 _require(
-                    (copy.refs, copy.pins) == (1, 0),
-                    f"private copy {copy.id} must hold one reference and no pin",
+                    extent.hash >> _BUCKET_BITS == bucket_key
+                    and (extent.hash + extent.n - 1) >> _BUCKET_BITS == bucket_key,
+                    f"extent at {extent.id} is not within its bucket {bucket_key}",
                 )
-                _require(id(copy) not in linked, "private copy is in the inactive LRU")
-            else:
-                should_be_linked = copy.refs == 0 and copy.pins == 0
+                _require(id(extent) not in indexed, f"extent at {extent.id} is indexed twice")
+                indexed.add(id(extent))
+        for extent in live.values():
+            if extent.hash == PRIVATE:
                 _require(
-                    (id(copy) in linked) == should_be_linked,
+                    extent.holds == 1,
+                    f"private copy {extent.id} must hold one reference and no pin",
+                )
+                _require(id(extent) not in linked, "private copy is in the inactive LRU")
+            else:
+                _require(id(extent) in indexed, f"copy {extent.id} is not indexed")
+                _require(
+                    (id(extent) in linked) == (extent.holds == 0),
                     "cached copy membership disagrees with its refs and pins",
                 )
-                if not should_be_linked:
+                if extent.holds:
                     _require(
-                        copy.prev is None and copy.next is None,
+                        extent.prev is None and extent.next is None,
                         "active cached copy retains inactive LRU links",
                     )
-            refs += copy.refs
-        _require(refs == self._refs, "request reference count does not match its counter")
-
-        indexed: dict[int, int] = {}
-        for block_hash, first in self._by_hash.items():
-            chain = [first, *self._dups.get(block_hash, ())]
-            for copy in chain:
-                _require(
-                    copy.hash == block_hash, f"hash {block_hash} indexes a copy of another hash"
-                )
-                _require(live.get(copy.id) is copy, f"hash {block_hash} indexes a dead copy")
-                indexed[id(copy)] = indexed.get(id(copy), 0) + 1
-        for block_hash, later in self._dups.items():
-            _require(bool(later), f"hash {block_hash} has an empty duplicate list")
-            _require(block_hash in self._by_hash, f"duplicates of {block_hash} have no first copy")
-        for copy in live.values():
-            expected = 0 if copy.hash is None else 1
-            _require(
-                indexed.get(id(copy), 0) == expected,
-                f"copy {copy.id} is indexed {indexed.get(id(copy), 0)} times, expected {expected}",
-            )
 
 
 def _require(condition: bool, message: str) -> None:
@@ -914,21 +1343,22 @@ def _unknown(block_id: object) -> NoReturn:
     )
 
 
-def _already_cached(copy: Copy) -> NoReturn:
+def _already_cached(extent: Extent, block_id: int) -> NoReturn:
     raise AlreadyCachedError(
-        f"block {copy.id} is already cached (hash {copy.hash}); "
+        f"block {block_id} is already cached (hash {extent.hash + block_id - extent.id}); "
         "only a private copy can enter the prefix cache"
     )
 
 
-def _not_referenced(copy: Copy, count: int) -> NoReturn:
-    refs = copy.holds & REF_MASK
+def _not_referenced(extent: Extent, block_id: int, count: int) -> NoReturn:
+    refs = extent.holds & REF_MASK
     if count == 1:
+        hashed = None if extent.hash == PRIVATE else extent.hash + block_id - extent.id
         raise BlockNotReferencedError(
-            f"block {copy.id} (hash {copy.hash}) holds no request reference to release"
+            f"block {block_id} (hash {hashed}) holds no request reference to release"
         )
     raise BlockNotReferencedError(
-        f"block {copy.id} is released {count} times but holds {refs} request reference(s)"
+        f"block {block_id} is released {count} times but holds {refs} request reference(s)"
     )
 
 
@@ -955,3 +1385,72 @@ def _is_hash(value: object) -> bool:
     if 0 <= value <= _MAX_UNBOXED:  # compiled: compares as machine words, no boxing
         return True
     return 0 <= value <= MAX_HASH
+
+
+def _check_limit(limit: object, size: int) -> int:
+    """A walk's ``limit`` (None: ``size``), or `InvalidArgumentError`."""
+    if limit is None:
+        return size
+    if type(limit) is not int or limit < 0:
+        raise InvalidArgumentError(f"limit must be an int >= 0 or None, got {limit!r}")
+    return limit
+
+
+def _runs_of(items: list[object]) -> list[object]:
+    """``items`` as runs (flat ``first, count`` pairs) of consecutive ints; an item that
+    is not an int is a run of its own, for the caller's checks to name."""
+    runs: list[object] = []
+    size = len(items)
+    i = 0
+    while i < size:
+        first = items[i]
+        n = 1
+        if type(first) is int:
+            while i + n < size:
+                item = items[i + n]
+                if type(item) is not int or item != first + n:
+                    break
+                n += 1
+        runs.append(first)
+        runs.append(n)
+        i += n
+    return runs
+
+
+def _checked_runs(runs: object, name: str) -> tuple[list[object], int]:
+    """A caller's runs (a list of ``first, count`` pairs of ints, each count >= 0) and
+    how many ints they hold, or `InvalidArgumentError` naming ``name``. Whether the ints
+    are hashes or live ids is checked where they are read."""
+    if type(runs) is not list or len(runs) % 2:
+        raise InvalidArgumentError(
+            f"{name} must be a list of (first, count) pairs, flat, got {runs!r:.200}"
+        )
+    items: list[object] = runs
+    size = 0
+    for r in range(0, len(items), 2):
+        first = items[r]
+        n = items[r + 1]
+        if type(first) is not int:
+            raise InvalidArgumentError(f"{name}: a run's first must be an int, got {first!r}")
+        if type(n) is not int or n < 0:
+            raise InvalidArgumentError(f"{name}: a run's count must be an int >= 0, got {n!r}")
+        size += n
+    return items, size
+
+
+def _check_hashes(runs: list[object], start: int, stop: int) -> None:
+    """Raise `InvalidHashError` for the first malformed hash among positions ``[start,
+    stop)`` of the chain ``runs``."""
+    position = 0
+    for r in range(0, len(runs), 2):
+        if position >= stop:
+            return
+        n = cast(int, runs[r + 1])
+        if n and position + n > start:
+            first = runs[r]
+            if not _is_hash(first):
+                _bad_hash(first)
+            last = cast(int, first) + min(position + n, stop) - 1 - position
+            if last > MAX_HASH:
+                _bad_hash(max(MAX_HASH + 1, cast(int, first) + start - position))
+        position += n

@@ -9,7 +9,6 @@ from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
     from kvpool.pool.block_pool import BlockPool
-    from kvpool.pool.copy import Copy
 
 BlockId = NewType("BlockId", int)
 """An opaque, never-reused name of one physical copy: its slot plus a process-wide serial."""
@@ -46,25 +45,40 @@ class Admission(msgspec.Struct, frozen=True, gc=False):
     stored: list[bool] = []
 
 
-@mypyc_attr(acyclic=True)  # refers to its pool and copies; nothing refers back
+class RunAdmission(msgspec.Struct, frozen=True, gc=False):
+    """`BlockPool.admit_runs`' result: an `Admission` whose ``blocks`` are held as runs
+    of consecutive ids (``ids``: flat ``first, count`` pairs, in order), so that a
+    request's first allocation builds no list of its blocks."""
+
+    ids: list[int]
+    cached: int
+    active_cached: int
+    removed: list[int]
+    stored: list[bool] = []
+
+
+@mypyc_attr(acyclic=True)  # refers to its pool; nothing refers back
 class Reservation:
     """Capacity and cached-prefix pins held before a caller commits ownership.
 
     Only its pool reads or changes the fields; callers use ``len()``, ``fresh``,
-    ``prefix_len`` and ``closed``. The prefix holds the pinned copies root first;
-    ``cancel`` unpins them leaf first and closes the reservation for good.
+    ``prefix_len`` and ``closed``. The prefix holds the pinned copies' ids root first, as
+    runs of consecutive ids (flat ``first, count`` pairs: pinned copies stay resident,
+    so their ids stay valid); ``cancel`` unpins them leaf first and closes the
+    reservation for good.
     """
 
-    __slots__ = ("_closed", "_fresh", "_pool", "_prefix")
+    __slots__ = ("_closed", "_fresh", "_pool", "_prefix", "_prefix_len")
 
-    def __init__(self, pool: BlockPool, prefix: list[Copy], fresh: int) -> None:
+    def __init__(self, pool: BlockPool, prefix: list[int], prefix_len: int, fresh: int) -> None:
         self._pool = pool
         self._prefix = prefix
+        self._prefix_len = prefix_len
         self._fresh = fresh
         self._closed = False
 
     def __len__(self) -> int:
-        return len(self._prefix) + self._fresh
+        return self._prefix_len + self._fresh
 
     @property
     def fresh(self) -> int:
@@ -74,7 +88,7 @@ class Reservation:
     @property
     def prefix_len(self) -> int:
         """Pinned prefix blocks not yet activated."""
-        return len(self._prefix)
+        return self._prefix_len
 
     @property
     def closed(self) -> bool:
@@ -82,7 +96,7 @@ class Reservation:
         return self._closed
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"prefix={len(self._prefix)}, fresh={self._fresh}"
+        state = "closed" if self._closed else f"prefix={self._prefix_len}, fresh={self._fresh}"
         return f"Reservation({state})"
 
 

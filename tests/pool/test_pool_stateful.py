@@ -787,18 +787,12 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 def _lru_ids(pool: BlockPool) -> list[BlockId]:
-    """The pool's inactive LRU, head (evicted first) to tail, read from its internals.
+    """The pool's inactive LRU, head (evicted first) to tail, read from its debug view.
 
     The public API shows this order only through later evictions; reading it directly
     catches a wrong order at the step that caused it.
     """
-    sentinel = pool._lru  # type: ignore[attr-defined]
-    ids = []
-    node = sentinel.next
-    while node is not sentinel:
-        ids.append(node.id)
-        node = node.next
-    return ids
+    return pool.debug_lru()
 
 
 PoolMachine.TestCase.settings = settings(

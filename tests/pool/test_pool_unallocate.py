@@ -107,20 +107,9 @@ def build() -> Recipe:
 def snapshot(recipe: Recipe) -> dict[str, Any]:
     """Everything observable about the recipe's pool, read without changing it."""
     pool = recipe.pool
-    copies = [
-        None if copy is None else (copy.id, copy.hash, copy.refs, copy.pins)
-        for copy in pool._slots  # type: ignore[attr-defined]
-    ]
-    lru = []
-    sentinel = pool._lru  # type: ignore[attr-defined]
-    node = sentinel.next
-    while node is not sentinel:
-        lru.append(node.id)
-        node = node.next
-    index = {
-        h: [pool._by_hash[h].id, *(c.id for c in pool._dups.get(h, ()))]  # type: ignore[attr-defined]
-        for h in sorted(pool._by_hash)  # type: ignore[attr-defined]
-    }
+    copies = pool.debug_copies()
+    lru = pool.debug_lru()
+    index = pool.debug_index()
     return {
         "counts": (pool.num_active(), pool.num_inactive(), pool.num_active_refs()),
         "counters": (pool.reserves, pool.reserve_failures, pool.evictions),
@@ -130,7 +119,6 @@ def snapshot(recipe: Recipe) -> dict[str, Any]:
             for name, r in sorted(recipe.reservations.items())
         },
         "copies": copies,
-        "free slots": [c.id & 0xFFFFFFFF for c in pool._free],  # type: ignore[attr-defined]
         "lru": lru,
         "index": index,
         "other": (recipe.other_pool.num_active(), len(recipe.other_reservation)),
