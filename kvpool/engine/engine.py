@@ -770,7 +770,7 @@ class MockEngine:
             request.cached_tokens += cached  # summed over admissions (RequestRecord)
             self._admitted[request.request_id] = cached
             self._num_active += fresh + inactive_cached
-            request.num_blocks = len(allocation.block_ids)
+            request.num_blocks = allocation.num_blocks
             request.num_computed = cached
             running.append(request)
             scheduled[request] = num_new
@@ -802,8 +802,8 @@ class MockEngine:
     def _grant(self, request: EngineRequest, allocation: Allocation) -> None:
         """Count the fresh blocks a running request was given (the admission check's
         count included)."""
-        self._num_active += len(allocation.block_ids)
-        request.num_blocks += len(allocation.block_ids)
+        self._num_active += allocation.num_blocks
+        request.num_blocks += allocation.num_blocks
 
     async def _admission(
         self,

@@ -105,7 +105,7 @@ def apply_jump(
             raise RuntimeError("a jump across block boundaries applied without its allocations")
         allocations = result.allocations
         for k in range(len(members)):
-            blocks = len(allocations[k].block_ids)
+            blocks = allocations[k].num_blocks
             running[members[k]].num_blocks += blocks
             grown += blocks
     if grown != plan.active:

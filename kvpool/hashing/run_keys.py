@@ -17,11 +17,13 @@ import xxhash
 
 from kvpool.hashing.block_hash import check_block_size
 from kvpool.hashing.runs import TOKEN_MASK, TokenRuns
+from kvpool.pool.runs import add_run, expand
 
 ROOT_KEY = 0x6B76706F6F6C2D31
 """The parent key of a sequence's first block (any constant: keys never leave the process)."""
 RANGE_BITS: Final = 6
-"""Low key bits that number a block within its stretch (`RunKeyer`)."""
+"""Low key bits that number a block within its stretch (`RunKeyer`): a stretch is one hash
+bucket of `kvpool.pool.BlockPool`, so a stretch's cached blocks are one of its extents."""
 RANGE_BLOCKS: Final = 1 << RANGE_BITS
 """Blocks of one run keyed from one digest (a 512-token trace block is 32 of 16)."""
 MAX_RUN_ENTRIES = 16_384
@@ -56,7 +58,10 @@ class RunKeyer:
     blocks costs one digest and n additions, not n digests. A block of several runs gets one digest
     of them all (`_block_key`).
 
-    Invariants: ``hashes`` holds one key per full block so far; ``_tail`` the maximal
+    The keys are kept as runs (`kvpool.pool.runs`: a stretch is one run), what the
+    manager hands the pool's ``*_runs`` methods; ``hashes`` spells them out.
+
+    Invariants: ``runs`` holds one key per full block so far; ``_tail`` the maximal
     runs (flat pairs) of the tokens after the last full block, ``_tail_len`` their
     count; ``_next`` is the start token a block needs to continue the last block's
     stretch (-1: none can: the last block was several runs, or its stretch is full).
@@ -66,7 +71,16 @@ class RunKeyer:
     up to the end of block ``i`` are equal.
     """
 
-    __slots__ = ("_block_size", "_hashes", "_last", "_next", "_num_tokens", "_tail", "_tail_len")
+    __slots__ = (
+        "_block_size",
+        "_last",
+        "_next",
+        "_num_blocks",
+        "_num_tokens",
+        "_runs",
+        "_tail",
+        "_tail_len",
+    )
 
     def __init__(self, block_size: int) -> None:
         """Raises `InvalidArgumentError` for a bad ``block_size``."""
@@ -74,31 +88,40 @@ class RunKeyer:
         self._block_size = block_size
         self._last = ROOT_KEY
         self._next = -1  # the root is no stretch
-        self._hashes: list[int] = []
+        self._runs: list[int] = []
+        self._num_blocks = 0
         self._tail: list[int] = []
         self._tail_len = 0
         self._num_tokens = 0
 
     @property
     def hashes(self) -> list[int]:
-        """Keys of every full block so far (the keyer's own list: read only)."""
-        return self._hashes
+        """Keys of every full block so far, as a fresh list."""
+        return expand(self._runs)
+
+    @property
+    def runs(self) -> list[int]:
+        """Keys of every full block so far as runs (the keyer's own list: read only)."""
+        return self._runs
+
+    @property
+    def num_blocks(self) -> int:
+        """Full blocks so far."""
+        return self._num_blocks
 
     @property
     def num_tokens(self) -> int:
         """Tokens fed so far."""
         return self._num_tokens
 
-    def extend(self, tokens: TokenRuns) -> list[int]:
-        """Feed ``tokens``; return the keys of the blocks they complete."""
-        before = len(self._hashes)
+    def extend(self, tokens: TokenRuns) -> None:
+        """Feed ``tokens``; the keys of the blocks they complete join ``runs``."""
         for start, length in tokens.runs:
             self.extend_span(start, length)
-        return self._hashes[before:]
 
     def extend_span(self, start: int, length: int) -> None:
         """Feed the run of ``length`` tokens from token ``start`` (a u32; ``length >=
-        0``), as `extend` would; its new keys join ``hashes``."""
+        0``), as `extend` would; its new keys join ``runs``."""
         bs = self._block_size
         self._num_tokens += length
         if self._tail_len:  # fill the partial block first
@@ -117,7 +140,8 @@ class RunKeyer:
             else:
                 self._last = _block_key(self._last, tail)
                 self._next = -1
-                self._hashes.append(self._last)
+                add_run(self._runs, self._last, 1)
+                self._num_blocks += 1
             tail.clear()  # the keyer's own list: reused, not rebuilt, block after block
             self._tail_len = 0
             start = (start + take) & TOKEN_MASK
@@ -136,18 +160,16 @@ class RunKeyer:
     def _key_run(self, start: int, blocks: int) -> None:
         """Key ``blocks >= 1`` full blocks of one run from token ``start``."""
         bs = self._block_size
-        hashes = self._hashes
+        runs = self._runs
         last = self._last
+        self._num_blocks += blocks
         while blocks:
             if start == self._next:
                 key = last + 1  # continues the last block's stretch
             else:
                 key = _xxh3(_pack_base(last, start), _SEED) & _BASE_MASK
             count = min(blocks, RANGE_BLOCKS - (key & _INDEX_MASK))
-            if count == 1:  # a decode step's block: no range to build
-                hashes.append(key)
-            else:
-                hashes.extend(range(key, key + count))
+            add_run(runs, key, count)
             last = key + count - 1
             start = (start + count * bs) & TOKEN_MASK
             blocks -= count
@@ -157,7 +179,7 @@ class RunKeyer:
     def __repr__(self) -> str:
         return (
             f"RunKeyer(block_size={self._block_size}, num_tokens={self._num_tokens}, "
-            f"blocks={len(self._hashes)})"
+            f"blocks={self._num_blocks})"
         )
 
 

@@ -79,6 +79,17 @@ from kvpool.manager.validation import (
     check_tokens,
 )
 from kvpool.pool import BlockId, BlockPool
+from kvpool.pool.runs import (
+    add_run,
+    expand,
+    extend_runs,
+    last_of,
+    overlapping,
+    run_at,
+    runs_length,
+    slice_runs,
+    truncate_runs,
+)
 
 _NO_PREFIX: list[int] = []  # never changed: the chain of an allocation that reuses nothing
 _NO_FLAGS: list[bool] = []  # never changed: no block an allocation cached
@@ -247,7 +258,7 @@ class KvManager:
         holds no block is left as it is. Raises `UnknownRequestError`.
         """
         state = self._get(request_id)
-        released = bool(state.table)
+        released = state.num_blocks > 0
         self._release_table(state)  # all or nothing: a refusal counts no preemption
         if released:
             self._preemptions += 1
@@ -264,11 +275,11 @@ class KvManager:
         """
         state = self._get(request_id)
         needed = -(-state.num_tokens // self._block_size)
-        if state.table:
-            return PrefillCost(0, 0, max(0, needed - len(state.table)))
+        if state.num_blocks:
+            return PrefillCost(0, 0, max(0, needed - state.num_blocks))
         if not self._caching or not state.num_tokens:
             return PrefillCost(0, 0, needed)
-        cached, active = self._pool.match_prefix(state.hashes, self._prefix_limit(state))
+        cached, active = self._pool.match_runs(state.chain, self._prefix_limit(state))
         return PrefillCost(cached, active, max(0, needed - cached))
 
     def allocate(
@@ -463,7 +474,7 @@ class KvManager:
             if request_id in seen:
                 raise InvalidArgumentError(f"request {request_id!r} appears twice in a stretch")
             seen.add(request_id)
-            if not state.table:
+            if not state.num_blocks:
                 raise InvalidArgumentError(
                     f"request {request_id!r} holds no block: a stretch continues tables"
                 )
@@ -622,11 +633,12 @@ class KvManager:
         bs = self._block_size
         caching = self._caching
         n = len(states)
-        length = [len(state.table) for state in states]
+        length = [state.num_blocks for state in states]
         computed = [state.computed for state in states]
         visible = [state.visible for state in states]
         first_visible = list(visible)
         counts: list[int] = []  # each growing slot's fresh blocks, in slot order
+        tails: list[int] = []  # and its table's last block before the stretch
         fresh_of: list[int] = []  # per slot: its fresh blocks
         shows: list[bool] = []  # per slot: it makes blocks cache-visible (one Stored)
         total = 0
@@ -636,6 +648,7 @@ class KvManager:
             fresh = need - length[member] if need > length[member] else 0
             if fresh:
                 counts.append(fresh)
+                tails.append(last_of(states[member].table))
                 total += fresh
                 length[member] = need
             fresh_of.append(fresh)
@@ -656,10 +669,10 @@ class KvManager:
             cached: list[int] = []
             for i in range(n):
                 if visible[i] > first_visible[i]:
-                    cached.extend(states[i].hashes[first_visible[i] : visible[i]])
-            if cached and (len(set(cached)) != len(cached) or pool.any_resident(cached)):
+                    extend_runs(cached, slice_runs(states[i].chain, first_visible[i], visible[i]))
+            if cached and (overlapping(cached) or pool.any_resident_runs(cached)):
                 return True
-        taken = pool.admit_each(counts)
+        taken = pool.admit_each(counts, tails)
         if taken is None:  # unreachable: the total fits
             raise InvariantViolationError("a stretch's admissions did not fit after all")
         ids, removed = taken
@@ -673,11 +686,15 @@ class KvManager:
             for k in range(start, end):
                 fresh = fresh_of[k]
                 if fresh:
-                    new_ids = ids[next_id : next_id + fresh]
+                    new_ids: list[int] = []
+                    for block_id in ids[next_id : next_id + fresh]:
+                        add_run(new_ids, block_id, 1)
                     next_id += fresh
                     gone = removed[next_growth]
                     next_growth += 1
-                    states[members[k]].table.extend(new_ids)
+                    grown = states[members[k]]
+                    extend_runs(grown.table, new_ids)
+                    grown.num_blocks += fresh
                     if gone:
                         events += 1
                     allocations.append(Allocation(new_ids, 0, gone))
@@ -692,9 +709,9 @@ class KvManager:
             state = states[i]
             state.computed = computed[i]
             if visible[i] > first_visible[i]:
-                flags = pool.cache_chain(
-                    state.table[first_visible[i] : visible[i]],
-                    state.hashes[first_visible[i] : visible[i]],
+                flags = pool.cache_runs(
+                    slice_runs(state.table, first_visible[i], visible[i]),
+                    slice_runs(state.chain, first_visible[i], visible[i]),
                 )
                 if False in flags:  # unreachable: no hash was resident or cached twice
                     raise InvariantViolationError("a stretch cached a hash resident already")
@@ -790,8 +807,8 @@ class KvManager:
         """`allocate` after its checks (`_check_allocation`)."""
         if appended is not None:
             state.extend(appended)
-        table = state.table
-        if table and needed <= len(table):  # the common decode step: nothing to add
+        grown = state.num_blocks
+        if grown and needed <= grown:  # the common decode step: nothing to add
             if cache:
                 self._advance(state, num_tokens)
             return Allocation([], 0, [])
@@ -803,23 +820,28 @@ class KvManager:
         # call (`_advance` below caches the older ones the watermark passes).
         bs = self._block_size
         full = num_tokens // bs if cache and self._caching else 0
-        grown = len(table)
-        if table:
+        pool = self._pool
+        if grown:
             if full > grown:
-                admission = self._pool.admit(
-                    state.hashes[grown:full], blocks=needed - grown, limit=0, cache=full - grown
+                admission = pool.admit_runs(
+                    slice_runs(state.chain, grown, full),
+                    blocks=needed - grown,
+                    limit=0,
+                    cache=full - grown,
                 )
             else:
-                admission = self._pool.admit(_NO_PREFIX, needed - grown)
+                admission = pool.admit_runs(
+                    _NO_PREFIX, blocks=needed - grown, after=last_of(state.table)
+                )
         else:
-            hashes = _NO_PREFIX
+            chain = _NO_PREFIX
             limit = 0
             if self._caching and state.num_tokens:
-                hashes = state.hashes
+                chain = state.chain
                 limit = (state.num_tokens - 1) // bs
-            if not needed and (not limit or not self._pool.match_prefix(hashes, limit)[0]):
+            if not needed and (not limit or not pool.match_runs(chain, limit)[0]):
                 return Allocation([], 0, [])  # an empty table asked for 0 tokens, no prefix
-            admission = self._pool.admit(hashes, blocks=needed, limit=limit, cache=full)
+            admission = pool.admit_runs(chain, blocks=needed, limit=limit, cache=full)
         if admission is None:
             return None
         removed = admission.removed
@@ -827,22 +849,21 @@ class KvManager:
             self._num_events += 1
             if self._record_events:
                 self._events.append(BlockRemoved(block_hashes=list(removed), medium=self._medium))
-        new_ids = admission.blocks
-
         reused = admission.cached
         if reused:
             self._reuses += 1
-        if not table:
+        if not grown:
             if self._caching:  # as vLLM, no prefix-cache stats without a prefix cache
                 self._query_tokens += state.num_tokens
                 self._hit_tokens += reused * bs
             state.computed = reused * bs
             state.visible = reused
             grown = reused
-        table.extend(new_ids)
+        extend_runs(state.table, admission.ids)
+        state.num_blocks += runs_length(admission.ids)
         if cache:
             self._advance(state, num_tokens, grown, admission.stored)
-        return Allocation(new_ids, reused, removed)
+        return Allocation(admission.ids, reused, removed)
 
     def undo_allocation(self, request_id: object, allocation: Allocation) -> bool:
         """Give back what `allocate` added, leaf first: the hook for a caller that never
@@ -870,11 +891,16 @@ class KvManager:
         ids = allocation.block_ids
         if not ids:
             return True
-        if state is None or len(state.table) < len(ids) or state.table[-len(ids) :] != ids:
+        if state is None or state.num_blocks < len(ids):
             return False
-        self._pool.unadmit(ids[::-1])
-        del state.table[-len(ids) :]
-        state.computed = min(state.computed, len(state.table) * self._block_size)
+        kept = state.num_blocks - len(ids)
+        tail = slice_runs(state.table, kept, state.num_blocks)
+        if expand(tail) != ids:
+            return False
+        self._pool.unadmit_runs(tail)
+        truncate_runs(state.table, kept)
+        state.num_blocks = kept
+        state.computed = min(state.computed, kept * self._block_size)
         if self._caching:
             state.visible = state.computed // self._block_size
         return True
@@ -894,11 +920,11 @@ class KvManager:
                 f"request {request_id!r} has {state.computed} computed tokens; "
                 f"the count cannot go back to {computed}"
             )
-        limit = min(state.num_tokens, len(state.table) * self._block_size)
+        limit = min(state.num_tokens, state.num_blocks * self._block_size)
         if computed > limit:
             raise TokenCountError(
                 f"request {request_id!r} has {state.num_tokens} tokens in "
-                f"{len(state.table)} blocks; cannot mark {computed} computed"
+                f"{state.num_blocks} blocks; cannot mark {computed} computed"
             )
         self._advance(state, computed)
 
@@ -915,11 +941,11 @@ class KvManager:
 
     def num_blocks(self, request_id: object) -> int:
         """Blocks in the request's table. Raises `UnknownRequestError`."""
-        return len(self._get(request_id).table)
+        return self._get(request_id).num_blocks
 
     def block_table(self, request_id: object) -> list[BlockId]:
         """A copy of the request's block ids, root first. Raises `UnknownRequestError`."""
-        return list(self._get(request_id).table)
+        return cast("list[BlockId]", expand(self._get(request_id).table))
 
     def num_tokens(self, request_id: object) -> int:
         """Tokens the request has (prompt plus appended). Raises `UnknownRequestError`."""
@@ -958,11 +984,13 @@ class KvManager:
         hit = self._pool.prefix_hit
         total = 0
         for request_id, state in self._requests.items():
-            total += len(state.table)
+            total += state.num_blocks
             where = f"request {request_id!r}"
-            _require(len(set(state.table)) == len(state.table), f"{where} repeats a block")
+            table = expand(state.table)
+            _require(len(table) == state.num_blocks, f"{where} miscounts its blocks")
+            _require(len(set(table)) == len(table), f"{where} repeats a block")
             _require(
-                state.computed <= min(state.num_tokens, len(state.table) * bs),
+                state.computed <= min(state.num_tokens, state.num_blocks * bs),
                 f"{where} computed more tokens than it has or holds slots for",
             )
             if not self._caching:
@@ -970,7 +998,8 @@ class KvManager:
                 continue
             _require(state.visible == state.computed // bs, f"{where} watermark is stale")
             _require(
-                len(state.hashes) == state.num_tokens // bs,
+                state.num_hashed == state.num_tokens // bs
+                and len(state.hashes) == state.num_hashed,
                 f"{where} hashes do not match its full blocks",
             )
             # Resident, but not necessarily active: prefix_hit reports the hash's first
@@ -1140,13 +1169,15 @@ class KvManager:
         there and among the ``stored`` blocks after them (cached already, these flags
         theirs): one event per run of blocks whose hash had no resident copy."""
         table = state.table
-        hashes = state.hashes
+        chain = state.chain
         if stop - start == 1 and not stored:  # a decode step filling its block: the common case
-            if self._pool.cache_private(table[start], hashes[start]):
+            if self._pool.cache_private(BlockId(run_at(table, start)), run_at(chain, start)):
                 self._stored(state, start, stop)
             return
         if stop > start:
-            first = self._pool.cache_chain(table[start:stop], hashes[start:stop])
+            first = self._pool.cache_runs(
+                slice_runs(table, start, stop), slice_runs(chain, start, stop)
+            )
             if stored:
                 first += stored
         else:
@@ -1189,7 +1220,7 @@ class KvManager:
     def _release_table(self, state: RequestState) -> None:
         """Release every block leaf first, so a leaf enters the LRU before its parent;
         all or nothing (the pool checks every id before it releases one)."""
-        self._pool.release_many(state.table[::-1])
+        self._pool.release_runs(state.table)
         state.reset()
 
 

@@ -8,28 +8,37 @@ from kvpool.hashing import BlockHasher
 from kvpool.hashing.run_keys import RunKeyer, RunMemo
 from kvpool.hashing.runs import TokenRuns
 from kvpool.manager.validation import TOKEN_TYPECODE
-from kvpool.pool import BlockId
+from kvpool.pool.runs import add_run
 
 
 class RequestState:
     """A request's tokens, the hashes of its full blocks, and its block table.
 
+    The table and the chain of hashes are held as runs of consecutive ints
+    (`kvpool.pool.runs`), what the pool's ``*_runs`` methods take, so no list of the
+    request's blocks is built per call.
+
     Invariants the manager keeps (``bs`` = block size):
-    - ``table`` holds block ids root first; block ``i`` holds tokens ``[i*bs, (i+1)*bs)``.
-    - ``computed <= min(len(tokens), len(table) * bs)``: a token is computed only into
+    - ``table`` holds block ids root first, as runs, ``num_blocks`` of them; block ``i``
+      holds tokens ``[i*bs, (i+1)*bs)``.
+    - ``computed <= min(len(tokens), num_blocks * bs)``: a token is computed only into
       a block the request holds.
-    - With prefix caching on, the first ``visible`` table blocks are cached copies of
-      ``hashes[:visible]`` and the rest are private, with ``visible == computed // bs``
-      (the visibility watermark). With it off, ``visible`` stays 0 and nothing is hashed.
+    - With prefix caching on, ``chain`` holds the hashes of the full blocks as runs
+      (``hashes`` spells them out), and the first ``visible`` table blocks are cached
+      copies of the first ``visible`` of them, the rest private, with ``visible ==
+      computed // bs`` (the visibility watermark). With it off, ``visible`` stays 0 and
+      nothing is hashed.
     - ``num_tokens`` counts the tokens; ``tokens`` holds them, except with a `RunKeyer`
       (a manager with ``run_keys``), which needs no token and keeps none (``tokens``
       then stays empty).
     """
 
     __slots__ = (
+        "_chain",
         "computed",
         "hasher",
         "keyer",
+        "num_blocks",
         "num_tokens",
         "run_memo",
         "table",
@@ -47,17 +56,35 @@ class RequestState:
         self.hasher = hasher
         self.keyer = keyer
         self.run_memo = run_memo  # with a hasher: runs' hashes, shared by the manager
+        self._chain: list[int] = []  # with a hasher: its hashes as runs
         self.num_tokens = 0
-        self.table: list[BlockId] = []
+        self.table: list[int] = []
+        self.num_blocks = 0
         self.computed = 0
         self.visible = 0
 
     @property
+    def chain(self) -> list[int]:
+        """Hashes (or run keys) of every full block, as runs (empty when not hashing;
+        the state's own list: read only)."""
+        if self.keyer is not None:
+            return self.keyer.runs
+        return self._chain
+
+    @property
     def hashes(self) -> list[int]:
-        """Sequence hashes (or run keys) of every full block (empty when not hashing)."""
+        """Hashes (or run keys) of every full block, as a list (empty when not hashing;
+        with a hasher, its own list: read only)."""
         if self.keyer is not None:
             return self.keyer.hashes
         return self.hasher.hashes if self.hasher is not None else []
+
+    @property
+    def num_hashed(self) -> int:
+        """Full blocks hashed (or keyed) so far."""
+        if self.keyer is not None:
+            return self.keyer.num_blocks
+        return len(self.hasher.hashes) if self.hasher is not None else 0
 
     def extend(self, tokens: array[int] | TokenRuns | range) -> None:
         """Append already-validated tokens (a ``range``: a run of u32 ids, step 1) and
@@ -74,22 +101,27 @@ class RequestState:
             return
         if isinstance(tokens, range):
             tokens = array(TOKEN_TYPECODE, tokens)
+        hasher = self.hasher
         if isinstance(tokens, TokenRuns):
             packed = tokens.to_array()
             self.tokens.extend(packed)
-            if self.hasher is not None:
+            if hasher is not None:
                 if self.run_memo is not None:
-                    self.hasher.extend_runs(tokens, packed, self.run_memo)
+                    new = hasher.extend_runs(tokens, packed, self.run_memo)
                 else:
-                    self.hasher.extend(packed)
+                    new = hasher.extend(packed)
+                for block_hash in new:
+                    add_run(self._chain, block_hash, 1)
             return
         self.tokens.extend(tokens)
-        if self.hasher is not None:
-            self.hasher.extend(tokens)
+        if hasher is not None:
+            for block_hash in hasher.extend(tokens):
+                add_run(self._chain, block_hash, 1)
 
     def reset(self) -> None:
         """Forget the table and the computed count (after its blocks were released)."""
         self.table = []
+        self.num_blocks = 0
         self.computed = 0
         self.visible = 0
 

@@ -3,26 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import msgspec
 
 from kvpool.events import KVEvent
 from kvpool.messages.values import PoolUsage
 from kvpool.pool import BlockId
+from kvpool.pool.runs import expand, runs_length
 
 
 class Allocation(msgspec.Struct, frozen=True, gc=False):
     """What one successful `KvManager.allocate` did to the request's block table.
 
-    ``block_ids`` are the ids appended by this call, root first (a reused prefix first,
-    then the fresh blocks); ``cached_blocks`` counts the reused prefix blocks among them
-    (0 except on a request's first allocation); ``removed`` lists the hashes whose last
-    resident copy this call's reservation evicted, in eviction order.
+    ``block_runs`` holds the ids appended by this call, root first (a reused prefix
+    first, then the fresh blocks), as runs of consecutive ids (`kvpool.pool.runs`: a
+    prompt's few hundred blocks are a few runs); ``block_ids`` spells them out and
+    ``num_blocks`` counts them. ``cached_blocks`` counts the reused prefix blocks among
+    them (0 except on a request's first allocation); ``removed`` lists the hashes whose
+    last resident copy this call's reservation evicted, in eviction order.
     """
 
-    block_ids: list[BlockId]
+    block_runs: list[int]
     cached_blocks: int
     removed: list[int]
+
+    @property
+    def block_ids(self) -> list[BlockId]:
+        """The ids appended, root first, as a fresh list."""
+        return cast("list[BlockId]", expand(self.block_runs))
+
+    @property
+    def num_blocks(self) -> int:
+        """How many blocks this call appended."""
+        return runs_length(self.block_runs)
 
 
 class PrefillCost(msgspec.Struct, frozen=True, gc=False):
