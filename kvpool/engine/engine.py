@@ -110,6 +110,7 @@ from kvpool.manager import (
     StepUpdate,
     StretchAllocations,
 )
+from kvpool.pool.runs import runs_length
 from kvpool.workloads import RequestSpec
 
 _UNBOUNDED = 1 << 62
@@ -770,7 +771,7 @@ class MockEngine:
             request.cached_tokens += cached  # summed over admissions (RequestRecord)
             self._admitted[request.request_id] = cached
             self._num_active += fresh + inactive_cached
-            request.num_blocks = allocation.num_blocks
+            request.num_blocks = runs_length(allocation.block_runs)
             request.num_computed = cached
             running.append(request)
             scheduled[request] = num_new
@@ -802,8 +803,9 @@ class MockEngine:
     def _grant(self, request: EngineRequest, allocation: Allocation) -> None:
         """Count the fresh blocks a running request was given (the admission check's
         count included)."""
-        self._num_active += allocation.num_blocks
-        request.num_blocks += allocation.num_blocks
+        blocks = runs_length(allocation.block_runs)
+        self._num_active += blocks
+        request.num_blocks += blocks
 
     async def _admission(
         self,

@@ -11,6 +11,7 @@ from kvpool.engine.metrics import EngineStats, close_batch, read_counters
 from kvpool.engine.request import EngineRequest
 from kvpool.events import KVEvent
 from kvpool.manager.types import StepUpdate, StretchAllocations
+from kvpool.pool.runs import runs_length
 
 
 def apply_step(
@@ -105,7 +106,7 @@ def apply_jump(
             raise RuntimeError("a jump across block boundaries applied without its allocations")
         allocations = result.allocations
         for k in range(len(members)):
-            blocks = allocations[k].num_blocks
+            blocks = runs_length(allocations[k].block_runs)
             running[members[k]].num_blocks += blocks
             grown += blocks
     if grown != plan.active:

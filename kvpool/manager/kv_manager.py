@@ -94,6 +94,7 @@ from kvpool.pool.runs import (
 _NO_PREFIX: list[int] = []  # never changed: the chain of an allocation that reuses nothing
 _NO_FLAGS: list[bool] = []  # never changed: no block an allocation cached
 _NO_MARKS = (-1, -1, -1)  # the marks of a step that starts with no known cost (unused)
+_NOTHING = Allocation([], 0, [])  # never changed: a slot whose table did not grow
 
 
 class KvManager:
@@ -665,8 +666,8 @@ class KvManager:
         for i in range(n):
             if len(tokens[i]):
                 states[i].extend(tokens[i])
+        cached: list[int] = []  # the hashes the stretch caches, request by request
         if caching:
-            cached: list[int] = []
             for i in range(n):
                 if visible[i] > first_visible[i]:
                     extend_runs(cached, slice_runs(states[i].chain, first_visible[i], visible[i]))
@@ -699,23 +700,22 @@ class KvManager:
                         events += 1
                     allocations.append(Allocation(new_ids, 0, gone))
                 else:
-                    allocations.append(Allocation([], 0, []))
+                    allocations.append(_NOTHING)
                 if shows[k]:
                     events += 1
             kv_events.append(events)
             start = end
         self._num_events = events
+        blocks: list[int] = []  # the blocks the stretch caches, in the order of ``cached``
         for i in range(n):
             state = states[i]
             state.computed = computed[i]
             if visible[i] > first_visible[i]:
-                flags = pool.cache_runs(
-                    slice_runs(state.table, first_visible[i], visible[i]),
-                    slice_runs(state.chain, first_visible[i], visible[i]),
-                )
-                if False in flags:  # unreachable: no hash was resident or cached twice
-                    raise InvariantViolationError("a stretch cached a hash resident already")
+                extend_runs(blocks, slice_runs(state.table, first_visible[i], visible[i]))
                 state.visible = visible[i]
+        if cached and False in pool.cache_runs(blocks, cached):
+            # unreachable: no hash was resident or cached twice
+            raise InvariantViolationError("a stretch cached a hash resident already")
         return StretchAllocations(allocations, kv_events, [], self.stats(), None)
 
     def _cost_marks(self) -> tuple[int, int, int]:

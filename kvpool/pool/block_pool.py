@@ -91,7 +91,6 @@ _PAGES_PER_SERIAL: Final = 1 << (32 - _PAGE_BITS)
 _serials = count(1)
 _PIN_TO_REF: Final = 1 - PIN  # added to ``holds``: one pin becomes one reference
 _MAX_UNBOXED: Final = (1 << 62) - 1  # the largest int mypyc keeps as a machine word
-_NO_RUNS: Final[list[int]] = []  # never changed: no run of hashes or ids
 
 
 class BlockPool:
@@ -438,10 +437,19 @@ class BlockPool:
         ids: list[int] = []
         removed: list[list[int]] = []
         tails: dict[int, int] = {}  # a table's last id before this call -> its last now
+        free = self._capacity - self._num_copies - self._reserved
         for i in range(len(wanted)):
             fresh = cast(int, wanted[i])
-            evicted = self._pin_and_reserve(_NO_RUNS, 0, fresh, 1)
-            assert evicted is not None  # the total fits
+            # `_pin_and_reserve` of no prefix, which fits: evict what free capacity lacks.
+            evicted: list[int] = []
+            if fresh > free:
+                self._evict(fresh - free, evicted)
+                self._evictions += fresh - free
+                free = 0
+            else:
+                free -= fresh
+            self._reserved += fresh
+            self._reserves += 1
             removed.append(evicted)
             if fresh:
                 runs: list[int] = []
