@@ -81,7 +81,9 @@ from kvpool.manager.validation import (
 from kvpool.pool import BlockId, BlockPool
 from kvpool.pool.runs import (
     add_run,
+    descents_of,
     expand,
+    expand_descents,
     extend_runs,
     last_of,
     overlapping,
@@ -693,6 +695,8 @@ class KvManager:
                     next_id += fresh
                     gone = removed[next_growth]
                     next_growth += 1
+                    if gone:
+                        gone = descents_of(gone)
                     grown = states[members[k]]
                     extend_runs(grown.table, new_ids)
                     grown.num_blocks += fresh
@@ -848,7 +852,9 @@ class KvManager:
         if removed:
             self._num_events += 1
             if self._record_events:
-                self._events.append(BlockRemoved(block_hashes=list(removed), medium=self._medium))
+                self._events.append(
+                    BlockRemoved(block_hashes=expand_descents(removed), medium=self._medium)
+                )
         reused = admission.cached
         if reused:
             self._reuses += 1

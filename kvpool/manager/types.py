@@ -10,7 +10,7 @@ import msgspec
 from kvpool.events import KVEvent
 from kvpool.messages.values import PoolUsage
 from kvpool.pool import BlockId
-from kvpool.pool.runs import expand, runs_length
+from kvpool.pool.runs import expand, expand_descents, runs_length
 
 
 class Allocation(msgspec.Struct, frozen=True, gc=False):
@@ -20,13 +20,15 @@ class Allocation(msgspec.Struct, frozen=True, gc=False):
     first, then the fresh blocks), as runs of consecutive ids (`kvpool.pool.runs`: a
     prompt's few hundred blocks are a few runs); ``block_ids`` spells them out and
     ``num_blocks`` counts them. ``cached_blocks`` counts the reused prefix blocks among
-    them (0 except on a request's first allocation); ``removed`` lists the hashes whose
-    last resident copy this call's reservation evicted, in eviction order.
+    them (0 except on a request's first allocation). ``removed_runs`` holds the hashes
+    whose last resident copy this call's reservation evicted, in eviction order, as
+    descending runs (an extent is evicted last copy first: `kvpool.pool.runs
+    .add_descent`); ``removed`` spells them out.
     """
 
     block_runs: list[int]
     cached_blocks: int
-    removed: list[int]
+    removed_runs: list[int]
 
     @property
     def block_ids(self) -> list[BlockId]:
@@ -37,6 +39,11 @@ class Allocation(msgspec.Struct, frozen=True, gc=False):
     def num_blocks(self) -> int:
         """How many blocks this call appended."""
         return runs_length(self.block_runs)
+
+    @property
+    def removed(self) -> list[int]:
+        """The hashes evicted for good, in eviction order, as a fresh list."""
+        return expand_descents(self.removed_runs)
 
 
 class PrefillCost(msgspec.Struct, frozen=True, gc=False):

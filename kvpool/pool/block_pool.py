@@ -10,15 +10,23 @@ reference's, copy by copy: an operation that covers part of an extent splits it 
 (`_split`), which changes nothing a caller can see.
 
 Two indexes find extents:
-- ``_pages``: ``id >> 6`` (an id page) -> the live extents of that page, in id order. A
-  `BlockId` is ``page << 6 | offset`` with pages claimed from a process-wide counter, so
-  an id is never reused and an id from another pool never names a copy here. Each
-  allocation takes pages of its own; a run of hashes cached at allocation gets a page
-  whose offsets are the hashes' own (``hash & 63``), so one run is one extent.
+- ``_pages``: a page's slot -> its 64 offsets, each the extent holding that id (None: not
+  live), so an id finds its extent in two list reads, whatever the extents' sizes. A
+  `BlockId` is ``serial << 38 | slot << 6 | offset``: a page takes a free slot and a
+  serial never used before, claimed from a process-wide counter, so an id is never
+  reused and an id from another pool never names a copy here, while the slots, reused,
+  keep the index a list the size of the pages in use. Each allocation takes pages of its
+  own (a table growing block by block continues its last page: `_new_private`); a run
+  of hashes cached at allocation gets a page whose offsets are the hashes' own (``hash
+  & 63``), so one run is one extent.
 - ``_buckets``: ``hash >> 6`` (a hash bucket) -> the cached extents holding hashes of
-  that bucket, in the order they were cached: a hash's *first copy* (the one
-  `prefix_hit` reports) is the first extent of its bucket that holds it, and its later
-  copies (physical duplicates) follow in order. A run key's stretch is one bucket.
+  that bucket, in the order they were cached (the extent itself while it is the only
+  one): a hash's *first copy* (the one `prefix_hit` reports) is the first extent of its
+  bucket that holds it, and its later copies (physical duplicates) follow in order. A
+  run key's stretch is one bucket. A hash above ``2**62 - 1`` (a token hash is one, a
+  run key never) is no machine word to compiled code, so no arithmetic touches it: its
+  bucket is the hash itself (`_bucket_key`: the two kinds of keys never meet) and its
+  extents hold it alone.
 
 The inactive LRU is intrusive and circular around a sentinel extent: ``sentinel.next``
 is the head (evicted first), ``sentinel.prev`` the tail (released last), extents in
@@ -61,9 +69,9 @@ from kvpool.errors import (
 )
 from kvpool.pool.extent import PIN, PRIVATE, REF_MASK, Extent
 from kvpool.pool.items import as_list as _as_list
+from kvpool.pool.runs import add_descent, expand_descents, overlapping, slice_runs
 from kvpool.pool.runs import add_run as _add_run
 from kvpool.pool.runs import expand as _expand
-from kvpool.pool.runs import overlapping, slice_runs
 from kvpool.pool.types import (
     ACTIVE_HIT,
     INACTIVE_HIT,
@@ -83,12 +91,14 @@ _BUCKET_BITS: Final = 6  # a run key's stretch: `kvpool.hashing.run_keys.RANGE_B
 _BUCKET: Final = 1 << _BUCKET_BITS
 _BUCKET_MASK: Final = _BUCKET - 1
 _MAX_CAPACITY: Final = 1 << 32
-_PAGES_PER_SERIAL: Final = 1 << (32 - _PAGE_BITS)
-# A pool numbers its pages from 0 under a serial it claims from one process-wide counter
-# (a new one each 2**26 pages), so an id is unique across every pool in the process,
-# the hot path needs no global state, and two pools with one history give their copies
-# ids equal in the low 32 bits.
-_serials = count(1)
+_SLOT_BITS: Final = 32  # live pages never outnumber live copies (< 2**32)
+_SLOT_MASK: Final = (1 << _SLOT_BITS) - 1
+_SERIAL_SHIFT: Final = _SLOT_BITS + _PAGE_BITS
+_SERIALS_PER_RANGE: Final = 1 << 12
+# Pools claim ranges of serials from one process-wide counter, so an id is unique across
+# every pool in the process and the hot path needs no global state; two pools with one
+# history give their copies ids equal in the low 32 bits (slot and offset).
+_serial_ranges = count(1)
 _PIN_TO_REF: Final = 1 - PIN  # added to ``holds``: one pin becomes one reference
 _MAX_UNBOXED: Final = (1 << 62) - 1  # the largest int mypyc keeps as a machine word
 
@@ -104,33 +114,37 @@ class BlockPool:
         "_capacity",
         "_clock",
         "_evictions",
+        "_free_pages",
         "_lru",
-        "_next_page",
+        "_next_serial",
         "_num_copies",
         "_num_inactive",
         "_page_ends",
-        "_page_limit",
+        "_page_used",
         "_pages",
         "_refs",
         "_reserve_failures",
         "_reserved",
         "_reserves",
+        "_serial_limit",
     )
 
     def __init__(self, capacity: object) -> None:
         # Set before anything can raise: __del__ reads these two.
-        self._pages: dict[int, list[Extent]] = {}
+        self._pages: list[list[Extent | None] | None] = []  # by slot; None: a free slot
         sentinel = Extent(-1, 0, PRIVATE, 1, -1)  # never inactive, never evicted
         sentinel.prev = sentinel.next = sentinel
         self._lru = sentinel
         if type(capacity) is not int or not 1 <= capacity < _MAX_CAPACITY:
             raise InvalidArgumentError(f"capacity must be an int in [1, 2**32), got {capacity!r}")
         self._capacity: int = capacity
-        self._buckets: dict[int, list[Extent]] = {}
-        # A page of private copies -> the next id of it never handed out: an allocation
-        # may continue there after its caller's last block (``after``), so that a table
-        # growing block by block stays one run of ids, and its blocks one extent.
-        self._page_ends: dict[int, int] = {}
+        self._buckets: dict[int, Extent | list[Extent]] = {}
+        # By slot, the next id of a page of private copies never handed out (else -1):
+        # an allocation may continue there after its caller's last block (``after``), so
+        # that a table growing block by block stays one run of ids, its blocks one extent.
+        self._page_ends: list[int] = []
+        self._page_used: list[int] = []  # by slot: its live copies
+        self._free_pages: list[int] = []  # slots, reused last freed first
         self._num_copies = 0
         self._num_inactive = 0
         self._clock = 0  # stamps copies as requests let go of them (Extent.stamp)
@@ -140,8 +154,8 @@ class BlockPool:
         self._reserves = 0
         self._reserve_failures = 0
         self._evictions = 0
-        self._next_page = 0
-        self._page_limit = 0
+        self._next_serial = 0
+        self._serial_limit = 0
 
     def __del__(self) -> None:
         # Compiled extents are invisible to the cyclic collector (see Extent), so the
@@ -186,9 +200,7 @@ class BlockPool:
 
     def prefix_hit(self, block_hash: object) -> PrefixHit | None:
         """Whether ``block_hash`` is resident, and whether its first copy is in use."""
-        if not _is_hash(block_hash):
-            _bad_hash(block_hash)
-        found, _ = self._first_span(cast(int, block_hash), 1)
+        found, _ = self._first_span(block_hash, 1)
         if found is None:
             return None
         return ACTIVE_HIT if found.holds else INACTIVE_HIT
@@ -254,22 +266,23 @@ class BlockPool:
             key = runs[r]
             left = cast(int, runs[r + 1])
             while left:
-                if not _is_hash(key):
-                    _bad_hash(key)
-                first, span = self._first_span(cast(int, key), left)
+                first, span = self._first_span(key, left)
                 if first is None:
                     raise PrefixNotResidentError(
                         f"prefix hash {key} is not resident; look a prefix up with "
                         "prefix_hit in the same turn as its reserve"
                     )
-                _add_run(pieces, first.id + cast(int, key) - first.hash, span)
+                _add_run(
+                    pieces, first.id + (0 if span == first.n else cast(int, key) - first.hash), span
+                )
                 found += span
-                key = cast(int, key) + span
                 left -= span
+                if left:
+                    key = cast(int, key) + span
         removed = self._pin_and_reserve(pieces, found, fresh, PIN)
         if removed is None:
             return None
-        return ReserveOutcome(Reservation(self, pieces, found, fresh), removed)
+        return ReserveOutcome(Reservation(self, pieces, found, fresh), expand_descents(removed))
 
     def admit(
         self,
@@ -312,7 +325,7 @@ class BlockPool:
             cast("list[BlockId]", _expand(admitted.ids)),
             admitted.cached,
             admitted.active_cached,
-            admitted.removed,
+            expand_descents(admitted.removed),
             admitted.stored,
         )
 
@@ -450,7 +463,7 @@ class BlockPool:
                 free -= fresh
             self._reserved += fresh
             self._reserves += 1
-            removed.append(evicted)
+            removed.append(expand_descents(evicted) if evicted else evicted)
             if fresh:
                 runs: list[int] = []
                 table = cast(int, hints[i]) if hints else -1
@@ -489,8 +502,10 @@ class BlockPool:
             _exhausted(reservation)
         reservation._fresh = fresh - 1
         ids: list[int] = []
-        self._new_private(1, ids)
-        return BlockId(ids[0])
+        self._new_private(1, ids, reservation._last)
+        block_id = ids[0]
+        reservation._last = block_id
+        return BlockId(block_id)
 
     def allocate_cached(self, reservation: object, block_hash: object) -> tuple[BlockId, bool]:
         """Allocate straight into the cache; True iff the hash became visible (0 -> 1)."""
@@ -503,9 +518,12 @@ class BlockPool:
             _bad_hash(block_hash)
         reservation._fresh = fresh - 1
         ids: list[int] = []
+        self._new_private(1, ids, reservation._last)  # then cached: the reference's order
+        block_id = ids[0]
+        reservation._last = block_id
         stored: list[bool] = []
-        self._new_cached([block_hash, 1], ids, stored)
-        return BlockId(ids[0]), stored[0]
+        self._cache(self._live(block_id), cast(int, block_hash), stored)
+        return BlockId(block_id), stored[0]
 
     def cache_private(self, block_id: object, block_hash: object) -> bool:
         """Make a private copy findable; True iff it is the hash's first resident copy."""
@@ -515,7 +533,7 @@ class BlockPool:
         if not _is_hash(block_hash):
             _bad_hash(block_hash)
         flags: list[bool] = []
-        self._cache(self._carve(cast(int, block_id), 1)[0], cast(int, block_hash), flags)
+        self._cache(self._carve_one(extent, cast(int, block_id)), cast(int, block_hash), flags)
         return flags[0]
 
     def cache_many(self, pairs: object) -> list[bool]:
@@ -593,7 +611,10 @@ class BlockPool:
 
     def release(self, block_id: object) -> None:
         """Drop one request reference: a private copy is freed, a cached one may go idle."""
-        self.release_many([block_id])
+        extent = self._live(block_id)
+        if not extent.holds & REF_MASK:
+            _not_referenced(extent, cast(int, block_id), 1)
+        self._release(self._carve_one(extent, cast(int, block_id)))
 
     def release_many(self, block_ids: object) -> None:
         """`release` each id in the order given, all or nothing.
@@ -762,18 +783,21 @@ class BlockPool:
             key = runs[r]
             left = cast(int, runs[r + 1])
             while left and hits < limit:
-                if not _is_hash(key):
-                    _bad_hash(key)
-                found, span = self._first_span(cast(int, key), min(left, limit - hits))
+                found, span = self._first_span(key, min(left, limit - hits))
                 if found is None:
                     return hits, active
                 hits += span
                 if found.holds:
                     active += span
                 if pieces is not None:
-                    _add_run(pieces, found.id + cast(int, key) - found.hash, span)
-                key = cast(int, key) + span
+                    _add_run(
+                        pieces,
+                        found.id + (0 if span == found.n else cast(int, key) - found.hash),
+                        span,
+                    )
                 left -= span
+                if left:
+                    key = cast(int, key) + span
         return hits, active
 
     def _any_resident(self, runs: list[object]) -> bool:
@@ -784,25 +808,48 @@ class BlockPool:
                 if not _is_hash(key):
                     _bad_hash(key)
                 start = cast(int, key)
+                if start > _MAX_UNBOXED:
+                    if start in self._buckets:
+                        return True
+                    left -= 1
+                    if left:
+                        key = start + 1
+                    continue
                 span = min(left, _BUCKET - (start & _BUCKET_MASK))
-                bucket = self._buckets.get(start >> _BUCKET_BITS)
-                if bucket is not None:
-                    for extent in bucket:
+                entry = self._buckets.get(start >> _BUCKET_BITS)
+                if entry is not None:
+                    for extent in _extents(entry):
                         if extent.hash < start + span and start < extent.hash + extent.n:
                             return True
                 key = start + span
                 left -= span
         return False
 
-    def _first_span(self, key: int, want: int) -> tuple[Extent | None, int]:
-        """The extent holding ``key``'s first copy, and for how many hashes from ``key``
-        (at most ``want``, within the bucket) it holds their first copies too; (None, 0)
-        when ``key`` is not resident."""
-        bucket = self._buckets.get(key >> _BUCKET_BITS)
-        if bucket is None:
+    def _first_span(self, block_hash: object, want: int) -> tuple[Extent | None, int]:
+        """The extent holding ``block_hash``'s first copy, and for how many hashes from
+        it (at most ``want``, within the bucket) it holds their first copies too; (None,
+        0) when it is not resident. Raises `InvalidHashError` for a malformed hash (a
+        resident one was checked when cached, so a hit needs no check)."""
+        if type(block_hash) is not int:
+            _bad_hash(block_hash)
+        key = block_hash
+        if not 0 <= key <= _MAX_UNBOXED:  # a bucket of its own, every extent in it holds it
+            alone = self._buckets.get(key)
+            if alone is None:
+                if not _is_hash(key):
+                    _bad_hash(key)
+                return None, 0
+            return (alone if type(alone) is Extent else cast("list[Extent]", alone)[0]), 1
+        entry = self._buckets.get(key >> _BUCKET_BITS)
+        if entry is None:
             return None, 0
         span = min(want, _BUCKET - (key & _BUCKET_MASK))
-        for extent in bucket:
+        if type(entry) is Extent:  # the bucket's only extent: no earlier copy
+            low = entry.hash
+            if low <= key < low + entry.n:
+                return entry, min(span, low + entry.n - key)
+            return None, 0
+        for extent in cast("list[Extent]", entry):
             low = extent.hash
             if low <= key:
                 if key < low + extent.n:
@@ -816,7 +863,8 @@ class BlockPool:
     ) -> list[int] | None:
         """Hold (``hold``: a pin or a reference) the validated prefix copies ``pieces``
         (``hits`` of them) and reserve ``fresh`` units, evicting from the LRU head as
-        needed; the removed hashes, or None (nothing changed) if even evicting every
+        needed; the removed hashes (as `_evict` gives them), or None (nothing changed) if
+        even evicting every
         unpinned inactive copy would not make room."""
         needed = fresh - self._capacity + self._num_copies + self._reserved
         if needed > 0:
@@ -869,28 +917,18 @@ class BlockPool:
         self._num_copies += fresh
         self._refs += fresh
         if fresh and after >= 0 and (after + 1) & _PAGE_MASK:
-            page = after >> _PAGE_BITS
-            if self._page_ends.get(page, -1) == after + 1:
+            page = (after >> _PAGE_BITS) & _SLOT_MASK
+            if page < len(self._page_ends) and self._page_ends[page] == after + 1:
                 n = min(fresh, _PAGE - ((after + 1) & _PAGE_MASK))
-                extents = self._pages[page]
-                last = extents[-1]
-                if (
-                    last.id + last.n == after + 1
-                    and last.hash == PRIVATE
-                    and last.holds == 1
-                    and not last.stamp
-                ):
-                    last.n += n  # one extent: alike but for their ids
-                else:
-                    extents.append(Extent(after + 1, n, PRIVATE, 1, 0))
+                self._place(Extent(after + 1, n, PRIVATE, 1, 0), page)
+                self._page_used[page] += n
                 self._page_ends[page] = after + 1 + n
                 _add_run(ids, after + 1, n)
                 fresh -= n
         while fresh:
-            page = self._take_page()
             n = min(fresh, _PAGE)
-            extent = Extent(page << _PAGE_BITS, n, PRIVATE, 1, 0)
-            self._pages[page] = [extent]
+            extent = Extent(0, n, PRIVATE, 1, 0)
+            page = self._take_page(extent, 0)
             self._page_ends[page] = extent.id + n
             _add_run(ids, extent.id, n)
             fresh -= n
@@ -904,17 +942,22 @@ class BlockPool:
             key = cast(int, hashes[r])
             left = cast(int, hashes[r + 1])
             while left:
-                n = min(left, _BUCKET - (key & _BUCKET_MASK), _PAGE - (key & _PAGE_MASK))
-                page = self._take_page()
-                extent = Extent(page << _PAGE_BITS | key & _PAGE_MASK, n, PRIVATE, 1, 0)
-                self._pages[page] = [extent]
+                if key > _MAX_UNBOXED:
+                    n = 1
+                    offset = 0
+                else:
+                    n = min(left, _BUCKET - (key & _BUCKET_MASK))
+                    offset = key & _PAGE_MASK
+                extent = Extent(0, n, PRIVATE, 1, 0)
+                self._take_page(extent, offset)
                 self._reserved -= n
                 self._num_copies += n
                 self._refs += n
                 self._cache(extent, key, stored)
                 _add_run(ids, extent.id, n)
-                key += n
                 left -= n
+                if left:
+                    key += n
 
     def _cache_aligned(self, ids: list[object], hashes: list[object], flags: list[bool]) -> None:
         """Cache the checked private copies ``ids`` under ``hashes`` (runs of one total
@@ -932,27 +975,50 @@ class BlockPool:
                     h += 2
                 n = min(left, left_keys)
                 for extent in self._carve(first, n):
+                    size = extent.n  # `_cache` may split it at a bucket's end
                     self._cache(extent, key, flags)
-                    key += extent.n
+                    left_keys -= size
+                    if left_keys:  # no addition past a run's last hash (a token hash's)
+                        key += size
                 first += n
                 left -= n
-                left_keys -= n
 
     def _cache(self, extent: Extent, key: int, flags: list[bool]) -> None:
         """Make the private ``extent`` (carved: no other copy in it) findable under the
         hashes from ``key`` on, split at bucket ends; ``flags`` gets whether each copy
         is its hash's first resident copy."""
         while True:
+            if key > _MAX_UNBOXED:
+                rest = self._split(extent, 1) if extent.n > 1 else None
+                alone = self._buckets.get(key)
+                flags.append(alone is None)
+                if alone is None:
+                    self._buckets[key] = extent
+                elif type(alone) is Extent:
+                    self._buckets[key] = [alone, extent]
+                else:
+                    cast("list[Extent]", alone).append(extent)
+                extent.hash = key
+                if rest is None:
+                    return
+                key += 1
+                extent = rest
+                continue
             room = _BUCKET - (key & _BUCKET_MASK)
             rest = self._split(extent, room) if extent.n > room else None
-            bucket = self._buckets.get(key >> _BUCKET_BITS)
-            if bucket is None:
-                self._buckets[key >> _BUCKET_BITS] = [extent]
-                flags.extend([True] * extent.n)
+            bucket_key = key >> _BUCKET_BITS
+            entry = self._buckets.get(bucket_key)
+            if entry is None:
+                self._buckets[bucket_key] = extent
+                if extent.n == 1:
+                    flags.append(True)
+                else:
+                    flags.extend([True] * extent.n)
             else:
                 end = key + extent.n
+                others = _extents(entry)
                 overlap = False
-                for other in bucket:
+                for other in others:
                     if other.hash < end and key < other.hash + other.n:
                         overlap = True
                         break
@@ -960,9 +1026,12 @@ class BlockPool:
                     flags.extend([True] * extent.n)
                 else:
                     flags.extend(
-                        not any(o.hash <= k < o.hash + o.n for o in bucket) for k in range(key, end)
+                        not any(o.hash <= k < o.hash + o.n for o in others) for k in range(key, end)
                     )
-                bucket.append(extent)
+                if type(entry) is Extent:
+                    self._buckets[bucket_key] = [entry, extent]
+                else:
+                    cast("list[Extent]", entry).append(extent)
             extent.hash = key
             self._merge_down(extent)
             if rest is None:
@@ -975,25 +1044,27 @@ class BlockPool:
         the two are alike and continue each other (ids, hashes, one bucket, never let
         go of) and no other copy holds its hashes: a table cached block by block (a
         decode) stays one extent."""
-        if not extent.holds or extent.stamp or not extent.hash & _BUCKET_MASK:
+        if extent.hash > _MAX_UNBOXED or not extent.holds or extent.stamp:
             return
-        extents = self._pages[extent.id >> _PAGE_BITS]
-        if len(extents) == 1:
+        if not extent.hash & _BUCKET_MASK:
             return
-        at = extents.index(extent)
-        if not at:
+        offset = extent.id & _PAGE_MASK
+        if not offset:
             return
-        lower = extents[at - 1]
+        page = (extent.id >> _PAGE_BITS) & _SLOT_MASK
+        entries = cast("list[Extent | None]", self._pages[page])
+        lower = entries[offset - 1]
         if (
-            lower.id + lower.n == extent.id
+            lower is not None
             and lower.hash + lower.n == extent.hash
             and lower.hash != PRIVATE
             and lower.holds == extent.holds
             and not lower.stamp
             and self._alone_in(extent)
         ):
-            self._forget(extent)
+            self._unbucket(extent)
             lower.n += extent.n
+            self._place(lower, page)
 
     def _release(self, extent: Extent) -> None:
         """Drop one reference of each copy of a carved extent, released as one run leaf
@@ -1017,6 +1088,7 @@ class BlockPool:
         self._num_inactive += extent.n
         if (
             tail.id == extent.id + extent.n
+            and extent.hash <= _MAX_UNBOXED
             and tail.hash == extent.hash + extent.n
             and tail.stamp + tail.n == extent.stamp
             and tail.id & _PAGE_MASK
@@ -1025,9 +1097,10 @@ class BlockPool:
         ):
             # One extent again: ids, hashes and stamps all continue across the seam.
             self._unlink(tail)
-            self._forget(tail)
+            self._unbucket(tail)
             extent.n += tail.n
             extent.stamp = tail.stamp
+            self._place(extent, (extent.id >> _PAGE_BITS) & _SLOT_MASK)
             tail = cast(Extent, sentinel.prev)
         tail.next = extent
         extent.prev = tail
@@ -1037,8 +1110,13 @@ class BlockPool:
     def _alone_in(self, extent: Extent) -> bool:
         """Whether no other extent of its bucket holds any of its hashes."""
         low = extent.hash
+        entry = self._buckets[_bucket_key(low)]
+        if type(entry) is Extent:
+            return True  # the bucket's only extent (this one)
+        if low > _MAX_UNBOXED:
+            return False  # every extent of its bucket holds its one hash
         high = low + extent.n
-        for other in self._buckets[low >> _BUCKET_BITS]:
+        for other in cast("list[Extent]", entry):
             if other is not extent and other.hash < high and low < other.hash + other.n:
                 return False
         return True
@@ -1067,28 +1145,35 @@ class BlockPool:
 
     def _evict(self, count: int, removed: list[int]) -> None:
         """Evict ``count`` copies from the LRU head, each extent's last copies first; a
-        hash is removed on its last copy."""
+        hash is removed on its last copy: ``removed`` gets those hashes, in eviction
+        order, as descending runs (`kvpool.pool.runs.add_descent`)."""
         sentinel = self._lru
         while count:
             extent = cast(Extent, sentinel.next)  # count <= inactive: never the sentinel
             n = extent.n
             taken = n if n <= count else count
+            if extent.hash > _MAX_UNBOXED:  # it holds one copy, its bucket's only hash
+                if type(self._buckets[extent.hash]) is Extent:
+                    removed.append(extent.hash)  # no merge: no arithmetic on the hash
+                    removed.append(1)
+                count -= taken
+                self._num_copies -= taken
+                self._num_inactive -= taken
+                self._unlink(extent)
+                self._forget(extent)
+                continue
             top = extent.hash + n - 1
-            bucket = self._buckets[extent.hash >> _BUCKET_BITS]
-            if len(bucket) == 1:
-                if taken == 1:
-                    removed.append(top)
-                else:
-                    removed.extend(range(top, top - taken, -1))
+            entry = self._buckets[extent.hash >> _BUCKET_BITS]
+            if type(entry) is Extent:  # no other copy in the bucket
+                add_descent(removed, top, taken)
             else:
-                removed.extend(
-                    key
-                    for key in range(top, top - taken, -1)
+                bucket = cast("list[Extent]", entry)
+                for key in range(top, top - taken, -1):
                     if not any(
                         other is not extent and other.hash <= key < other.hash + other.n
                         for other in bucket
-                    )
-                )
+                    ):
+                        add_descent(removed, key, 1)
             count -= taken
             self._num_copies -= taken
             self._num_inactive -= taken
@@ -1096,6 +1181,7 @@ class BlockPool:
                 extent.n = n - taken
                 if extent.stamp:
                     extent.stamp += taken
+                self._clear(extent.id + extent.n, taken)
                 break
             self._unlink(extent)
             self._forget(extent)
@@ -1107,30 +1193,57 @@ class BlockPool:
         self._refs -= extent.n
 
     def _forget(self, extent: Extent) -> None:
-        """Take a dead (or merged) extent out of its page and bucket."""
-        page = extent.id >> _PAGE_BITS
-        extents = self._pages[page]
-        if len(extents) == 1:
-            del self._pages[page]
-            self._page_ends.pop(page, None)
-        else:
-            extents.remove(extent)
+        """Take a dead extent out of its page and bucket."""
+        self._clear(extent.id, extent.n)
         if extent.hash != PRIVATE:
-            bucket_key = extent.hash >> _BUCKET_BITS
-            bucket = self._buckets[bucket_key]
+            self._unbucket(extent)
+
+    def _clear(self, first: int, n: int) -> None:
+        """The ``n`` ids from ``first`` (one page's) are no longer live; a page left with
+        no live copy frees its slot."""
+        page = (first >> _PAGE_BITS) & _SLOT_MASK
+        used = self._page_used[page] - n
+        if not used:
+            self._pages[page] = None
+            self._page_ends[page] = -1
+            self._free_pages.append(page)
+        else:
+            entries = cast("list[Extent | None]", self._pages[page])
+            offset = first & _PAGE_MASK
+            for i in range(offset, offset + n):
+                entries[i] = None
+        self._page_used[page] = used
+
+    def _unbucket(self, extent: Extent) -> None:
+        """Take a cached extent out of its bucket."""
+        bucket_key = _bucket_key(extent.hash)
+        entry = self._buckets[bucket_key]
+        if type(entry) is Extent:
+            del self._buckets[bucket_key]
+        else:
+            bucket = cast("list[Extent]", entry)
+            bucket.remove(extent)
             if len(bucket) == 1:
-                del self._buckets[bucket_key]
-            else:
-                bucket.remove(extent)
+                self._buckets[bucket_key] = bucket[0]
+
+    def _place(self, extent: Extent, page: int) -> None:
+        """Point the page's offsets of ``extent``'s ids at it."""
+        entries = cast("list[Extent | None]", self._pages[page])
+        offset = extent.id & _PAGE_MASK
+        for i in range(offset, offset + extent.n):
+            entries[i] = extent
 
     def _live(self, block_id: object) -> Extent:
         """The extent holding the live copy ``block_id``, or `UnknownBlockError`."""
         if type(block_id) is not int:
             _unknown(block_id)
-        extents = self._pages.get(block_id >> _PAGE_BITS)
-        if extents is not None:
-            for extent in extents:
-                if extent.id <= block_id < extent.id + extent.n:
+        page = (block_id >> _PAGE_BITS) & _SLOT_MASK
+        if page < len(self._pages):
+            entries = self._pages[page]
+            if entries is not None:
+                extent = entries[block_id & _PAGE_MASK]
+                # A reused slot's extent has another serial: it does not hold the id.
+                if extent is not None and extent.id <= block_id < extent.id + extent.n:
                     return extent
         _unknown(block_id)
 
@@ -1160,6 +1273,15 @@ class BlockPool:
             first += extent.n
         return extents
 
+    def _carve_one(self, extent: Extent, block_id: int) -> Extent:
+        """The live ``extent``'s copy ``block_id`` as an extent of its own (`_carve` of
+        one id)."""
+        if extent.id < block_id:
+            extent = self._split(extent, block_id - extent.id)
+        if extent.n > 1:
+            self._split(extent, 1)
+        return extent
+
     def _split(self, extent: Extent, at: int) -> Extent:
         """Split ``extent`` after its first ``at`` copies (``0 < at < n``); return the
         part after them, which takes its place next to it in every index."""
@@ -1172,11 +1294,15 @@ class BlockPool:
             upper.stamp = extent.stamp  # the last copies hold the lowest stamps
             extent.stamp += n - at
         extent.n = at
-        extents = self._pages[extent.id >> _PAGE_BITS]
-        extents.insert(extents.index(extent) + 1, upper)
+        self._place(upper, (upper.id >> _PAGE_BITS) & _SLOT_MASK)
         if hashed:
-            bucket = self._buckets[extent.hash >> _BUCKET_BITS]
-            bucket.insert(bucket.index(extent) + 1, upper)
+            bucket_key = extent.hash >> _BUCKET_BITS  # split: a run of small hashes
+            entry = self._buckets[bucket_key]
+            if type(entry) is Extent:
+                self._buckets[bucket_key] = [entry, upper]
+            else:
+                bucket = cast("list[Extent]", entry)
+                bucket.insert(bucket.index(extent) + 1, upper)
         previous = extent.prev
         if previous is not None:  # linked: the upper part is evicted first
             previous.next = upper
@@ -1185,27 +1311,52 @@ class BlockPool:
             extent.prev = upper
         return upper
 
-    def _take_page(self) -> int:
-        """A page of ids never handed out (claimed from the process-wide counter)."""
-        page = self._next_page
-        if page >= self._page_limit:
-            page = next(_serials) * _PAGES_PER_SERIAL
-            self._page_limit = page + _PAGES_PER_SERIAL
-        self._next_page = page + 1
+    def _take_page(self, extent: Extent, offset: int) -> int:
+        """Put the new ``extent`` on a page of its own at ``offset`` (its ids set: a free
+        slot, a serial never used); return the page's slot."""
+        serial = self._next_serial
+        if serial >= self._serial_limit:
+            serial = next(_serial_ranges) * _SERIALS_PER_RANGE
+            self._serial_limit = serial + _SERIALS_PER_RANGE
+        self._next_serial = serial + 1
+        entries: list[Extent | None] = [None] * _PAGE
+        pages = self._pages
+        if self._free_pages:
+            page = self._free_pages.pop()
+            pages[page] = entries
+            self._page_used[page] = extent.n
+        else:
+            page = len(pages)
+            pages.append(entries)
+            self._page_ends.append(-1)
+            self._page_used.append(extent.n)
+        extent.id = serial << _SERIAL_SHIFT | page << _PAGE_BITS | offset
+        for i in range(offset, offset + extent.n):
+            entries[i] = extent
         return page
 
     # ------------------------------------------------------------ debug views
+
+    def _extents(self) -> list[Extent]:
+        """Every live extent, once, by page and offset."""
+        extents: list[Extent] = []
+        for entries in self._pages:
+            last: Extent | None = None
+            for extent in entries or ():
+                if extent is not None and extent is not last:
+                    extents.append(extent)
+                    last = extent
+        return extents
 
     def debug_copies(self) -> list[tuple[int, int | None, int, int]]:
         """Every live copy as ``(id, hash or None, refs, pins)``, in id order: for tests
         that compare states copy by copy (not part of the semantics' API)."""
         copies: list[tuple[int, int | None, int, int]] = []
-        for page in sorted(self._pages):
-            for extent in self._pages[page]:
-                for i in range(extent.n):
-                    hashed = None if extent.hash == PRIVATE else extent.hash + i
-                    copies.append((extent.id + i, hashed, extent.refs, extent.pins))
-        return copies
+        for extent in self._extents():
+            for i in range(extent.n):
+                hashed = None if extent.hash == PRIVATE else extent.hash + i
+                copies.append((extent.id + i, hashed, extent.refs, extent.pins))
+        return sorted(copies)
 
     def debug_lru(self) -> list[BlockId]:
         """The inactive LRU's copies, head (evicted first) to tail: for tests (the
@@ -1221,8 +1372,8 @@ class BlockPool:
     def debug_index(self) -> dict[int, list[BlockId]]:
         """Each resident hash's copies, first copy first: for tests."""
         index: dict[int, list[int]] = {}
-        for bucket in self._buckets.values():
-            for extent in bucket:
+        for entry in self._buckets.values():
+            for extent in _extents(entry):
                 for i in range(extent.n):
                     index.setdefault(extent.hash + i, []).append(extent.id + i)
         return cast("dict[int, list[BlockId]]", {h: index[h] for h in sorted(index)})
@@ -1239,23 +1390,48 @@ class BlockPool:
         live: dict[int, Extent] = {}  # id(extent) -> extent
         copies = 0
         refs = 0
-        for page, extents in self._pages.items():
-            _require(bool(extents), f"page {page} has no extent")
-            last = -1
-            for extent in extents:
+        free = set(self._free_pages)
+        _require(len(free) == len(self._free_pages), "a free page slot is listed twice")
+        _require(
+            len(self._page_ends) == len(self._pages) == len(self._page_used),
+            "page ends or counts do not match the pages",
+        )
+        for page in range(len(self._pages)):
+            entries = self._pages[page]
+            if entries is None:
+                _require(page in free, f"page slot {page} is neither used nor free")
+                continue
+            _require(page not in free, f"page slot {page} is both used and free")
+            _require(len(entries) == _PAGE, f"page {page} does not have {_PAGE} offsets")
+            used = 0
+            base = -1
+            offset = 0
+            while offset < _PAGE:
+                extent = entries[offset]
+                if extent is None:
+                    offset += 1
+                    continue
                 _require(extent.n >= 1, f"extent at {extent.id} holds no copy")
+                if base < 0:
+                    base = extent.id >> _PAGE_BITS
                 _require(
-                    extent.id >> _PAGE_BITS == page
-                    and (extent.id + extent.n - 1) >> _PAGE_BITS == page,
-                    f"extent at {extent.id} is not within its page {page}",
+                    extent.id >> _PAGE_BITS == base
+                    and base & _SLOT_MASK == page
+                    and extent.id & _PAGE_MASK == offset
+                    and offset + extent.n <= _PAGE,
+                    f"extent at {extent.id} is not where page {page} has it",
                 )
-                _require(extent.id > last, f"page {page} is out of id order or overlaps")
-                last = extent.id + extent.n - 1
+                for i in range(offset, offset + extent.n):
+                    _require(entries[i] is extent, f"page {page} misplaces extent {extent.id}")
                 _require(id(extent) not in live, f"extent at {extent.id} sits twice")
                 live[id(extent)] = extent
+                used += extent.n
                 copies += extent.n
                 _require(extent.holds >= 0, f"extent at {extent.id} has a negative count")
                 refs += extent.refs * extent.n
+                offset += extent.n
+            _require(used > 0, f"page {page} has no copy")
+            _require(used == self._page_used[page], f"page {page} miscounts its copies")
         _require(copies == self._num_copies, "live copy count does not match its counter")
         _require(self._reserved >= 0, "reserved capacity is negative")
         _require(
@@ -1263,11 +1439,15 @@ class BlockPool:
             "block-pool occupancy exceeds capacity",
         )
         _require(refs == self._refs, "request reference count does not match its counter")
-        for page, end in self._page_ends.items():
-            _require(page in self._pages, f"page {page} has an end but no extent")
-            final = self._pages[page][-1]
+        for page, end in enumerate(self._page_ends):
+            entries = self._pages[page]
+            if end < 0:
+                continue
+            _require(entries is not None, f"page {page} has an end but no extent")
+            assert entries is not None
+            last = max(e.id + e.n for e in entries if e is not None)
             _require(
-                final.id + final.n <= end and end >> _PAGE_BITS <= page + 1,
+                last <= end and (end - 1) >> _PAGE_BITS == (last - 1) >> _PAGE_BITS,
                 f"page {page} handed out ids past its end",
             )
 
@@ -1304,13 +1484,18 @@ class BlockPool:
         )
 
         indexed: set[int] = set()
-        for bucket_key, bucket in self._buckets.items():
-            _require(bool(bucket), f"hash bucket {bucket_key} has no extent")
+        for bucket_key, entry in self._buckets.items():
+            bucket = _extents(entry)
+            _require(
+                type(entry) is Extent or len(bucket) >= 2,
+                f"hash bucket {bucket_key} lists fewer than two extents",
+            )
             for extent in bucket:
                 _require(live.get(id(extent)) is extent, f"bucket {bucket_key} holds a dead copy")
                 _require(
-                    extent.hash >> _BUCKET_BITS == bucket_key
-                    and (extent.hash + extent.n - 1) >> _BUCKET_BITS == bucket_key,
+                    (extent.hash + extent.n - 1) >> _BUCKET_BITS == bucket_key
+                    if extent.hash <= _MAX_UNBOXED
+                    else extent.hash == bucket_key and extent.n == 1,
                     f"extent at {extent.id} is not within its bucket {bucket_key}",
                 )
                 _require(id(extent) not in indexed, f"extent at {extent.id} is indexed twice")
@@ -1413,7 +1598,7 @@ def _runs_of(items: list[object]) -> list[object]:
     while i < size:
         first = items[i]
         n = 1
-        if type(first) is int:
+        if type(first) is int and first <= _MAX_UNBOXED:  # no arithmetic on a big one
             while i + n < size:
                 item = items[i + n]
                 if type(item) is not int or item != first + n:
@@ -1462,3 +1647,19 @@ def _check_hashes(runs: list[object], start: int, stop: int) -> None:
             if last > MAX_HASH:
                 _bad_hash(max(MAX_HASH + 1, cast(int, first) + start - position))
         position += n
+
+
+def _bucket_key(block_hash: int) -> int:
+    """The bucket of a cached hash: ``hash >> 6``, or a hash above ``2**62 - 1`` itself
+    (module docstring)."""
+    if block_hash > _MAX_UNBOXED:
+        return block_hash
+    return block_hash >> _BUCKET_BITS
+
+
+def _extents(entry: Extent | list[Extent]) -> list[Extent]:
+    """A bucket's extents, in caching order, as a list (a one-extent bucket holds the
+    extent itself: a one-item list is built for it)."""
+    if type(entry) is Extent:
+        return [entry]
+    return cast("list[Extent]", entry)

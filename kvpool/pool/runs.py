@@ -64,6 +64,36 @@ def slice_runs(runs: list[int], start: int, stop: int) -> list[int]:
     return sliced
 
 
+def add_descent(runs: list[int], top: int, count: int) -> None:
+    """Append the ``count >= 1`` ints ``top, top - 1, ...`` to the *descending* runs
+    ``runs`` (flat ``top, count`` pairs: an extent's copies are evicted last first),
+    continuing its last run when they follow it."""
+    if runs and runs[-2] - runs[-1] == top:
+        runs[-1] += count
+    else:
+        runs.append(top)
+        runs.append(count)
+
+
+def expand_descents(runs: list[int]) -> list[int]:
+    """The ints the descending runs ``runs`` hold (`add_descent`), as one list."""
+    items: list[int] = []
+    for r in range(0, len(runs), 2):
+        if runs[r + 1] == 1:
+            items.append(runs[r])  # a token hash's range would count in long arithmetic
+        else:
+            items.extend(range(runs[r], runs[r] - runs[r + 1], -1))
+    return items
+
+
+def descents_of(items: list[int]) -> list[int]:
+    """The descending runs (`add_descent`) of ``items`` (ints), in order."""
+    runs: list[int] = []
+    for item in items:
+        add_descent(runs, item, 1)
+    return runs
+
+
 def last_of(runs: list[int]) -> int:
     """The last int of ``runs``, or -1 when it holds none."""
     return runs[-2] + runs[-1] - 1 if runs else -1
@@ -133,8 +163,11 @@ def runs_length(runs: list[int]) -> int:
 
 
 __all__ = [
+    "add_descent",
     "add_run",
+    "descents_of",
     "expand",
+    "expand_descents",
     "extend_runs",
     "last_of",
     "overlapping",

@@ -47,8 +47,10 @@ class Admission(msgspec.Struct, frozen=True, gc=False):
 
 class RunAdmission(msgspec.Struct, frozen=True, gc=False):
     """`BlockPool.admit_runs`' result: an `Admission` whose ``blocks`` are held as runs
-    of consecutive ids (``ids``: flat ``first, count`` pairs, in order), so that a
-    request's first allocation builds no list of its blocks."""
+    of consecutive ids (``ids``: flat ``first, count`` pairs, in order) and whose
+    ``removed`` hashes as descending runs (flat ``top, count`` pairs: ``top, top - 1,
+    ...``, `kvpool.pool.runs.add_descent`), so that a request's first allocation builds
+    no list of its blocks."""
 
     ids: list[int]
     cached: int
@@ -68,7 +70,7 @@ class Reservation:
     reservation for good.
     """
 
-    __slots__ = ("_closed", "_fresh", "_pool", "_prefix", "_prefix_len")
+    __slots__ = ("_closed", "_fresh", "_last", "_pool", "_prefix", "_prefix_len")
 
     def __init__(self, pool: BlockPool, prefix: list[int], prefix_len: int, fresh: int) -> None:
         self._pool = pool
@@ -76,6 +78,7 @@ class Reservation:
         self._prefix_len = prefix_len
         self._fresh = fresh
         self._closed = False
+        self._last = -1  # the last private copy allocated, which the next one follows
 
     def __len__(self) -> int:
         return self._prefix_len + self._fresh

@@ -79,7 +79,7 @@ BAD_CALLS: dict[str, Any] = {
     "cache unknown block": lambda w: w.side.cache_private(12345, 5),
     "cache already cached": lambda w: w.side.cache_private(w.cached, 5),
     "cache bad hash": lambda w: w.side.cache_private(w.private, MAX + 1),
-    "release unknown": lambda w: w.side.release(w.private + 1),
+    "release unknown": lambda w: w.side.release(12345),  # ids are opaque: none is this
     "release str": lambda w: w.side.release("x"),
     "release unreferenced": lambda w: w.side.release(w.idle),
     "cancel twice": lambda w: w.side.cancel(w.closed),
