@@ -495,7 +495,8 @@ class KvManager:
             step_of.append(-1)
         bs = self._block_size
         capacity = self._pool.capacity
-        needs: list[int] = []
+        most = capacity * bs  # the most tokens a table of the whole pool holds
+        sizes = [len(new) for new in tokens]
         start = 0
         for step, unchecked_end in enumerate(unchecked_ends):
             if type(unchecked_end) is not int or not start <= unchecked_end <= slots:
@@ -510,36 +511,47 @@ class KvManager:
                         f"member {unchecked_member!r} names no request of the stretch"
                     )
                 member = unchecked_member
-                target = check_count(unchecked_targets[k], "num_tokens")
-                count = check_count(unchecked_appends[k], "appends")
-                request_id = cast(str, unchecked_ids[member])
+                raw_target = unchecked_targets[k]
+                raw_count = unchecked_appends[k]
+                target = (
+                    raw_target
+                    if type(raw_target) is int and raw_target >= 0
+                    else check_count(raw_target, "num_tokens")
+                )
+                count = (
+                    raw_count
+                    if type(raw_count) is int and raw_count >= 0
+                    else check_count(raw_count, "appends")
+                )
                 if step_of[member] == step:
                     raise InvalidArgumentError(
-                        f"request {request_id!r} appears twice in one step's allocations"
+                        f"request {unchecked_ids[member]!r} appears twice in one step's allocations"
                     )
                 step_of[member] = step
-                placed[member] += count
-                if placed[member] > len(tokens[member]):
+                now_placed = placed[member] + count
+                placed[member] = now_placed
+                if now_placed > sizes[member]:
                     raise InvalidArgumentError(
-                        f"request {request_id!r}: its slots append more tokens than it was given"
+                        f"request {unchecked_ids[member]!r}: its slots append more tokens "
+                        "than it was given"
                     )
-                held[member] += count
-                if target > held[member]:
+                now_held = held[member] + count
+                held[member] = now_held
+                if target > now_held:
                     raise TokenCountError(
-                        f"request {request_id!r} has {held[member]} tokens; cannot "
+                        f"request {unchecked_ids[member]!r} has {now_held} tokens; cannot "
                         f"allocate for {target}"
                     )
-                need = -(-target // bs)
-                if need > capacity:
+                if target > most:
                     raise CapacityError(
-                        f"request {request_id!r} needs {need} blocks; the pool holds {capacity}"
+                        f"request {unchecked_ids[member]!r} needs {-(-target // bs)} blocks; "
+                        f"the pool holds {capacity}"
                     )
-                needs.append(need)
             start = end
         for i in range(n):
-            if placed[i] != len(tokens[i]):
+            if placed[i] != sizes[i]:
                 raise InvalidArgumentError(
-                    f"request {unchecked_ids[i]!r}: {len(tokens[i]) - placed[i]} of its new "
+                    f"request {unchecked_ids[i]!r}: {sizes[i] - placed[i]} of its new "
                     "tokens are placed in no slot"
                 )
         probe_state = None if probe is None else self._get(probe)
@@ -558,7 +570,7 @@ class KvManager:
         ends = stretch.step_ends
         extended = False  # every request's new tokens appended already (`_stretch_at_once`)
         if probe is None and not self._record_events:
-            at_once = self._stretch_at_once(states, tokens, members, targets, needs, ends)
+            at_once = self._stretch_at_once(states, tokens, members, targets, ends)
             if type(at_once) is StretchAllocations:
                 return at_once
             extended = at_once is True
@@ -583,7 +595,8 @@ class KvManager:
                     used[member] = offset + count
                     appended = tokens[member][offset : offset + count]
                 touched = touched or member == probe_member
-                allocation = self._grow(states[member], targets[k], needs[k], appended, True)
+                target = targets[k]
+                allocation = self._grow(states[member], target, -(-target // bs), appended, True)
                 if allocation is None:
                     stopped = True
                     break
@@ -608,7 +621,6 @@ class KvManager:
         tokens: list[array[int] | range],
         members: list[int],
         targets: list[int],
-        needs: list[int],
         ends: list[int],
     ) -> StretchAllocations | bool:
         """A checked stretch with no probe and events off, done request by request
@@ -642,27 +654,31 @@ class KvManager:
         first_visible = list(visible)
         counts: list[int] = []  # each growing slot's fresh blocks, in slot order
         tails: list[int] = []  # and its table's last block before the stretch
-        fresh_of: list[int] = []  # per slot: its fresh blocks
-        shows: list[bool] = []  # per slot: it makes blocks cache-visible (one Stored)
+        grows_at: list[int] = []  # and its slot
+        grows_in: list[int] = []  # and its step
+        shown = [0] * len(ends)  # per step, its slots that make blocks cache-visible
         total = 0
-        for k in range(len(members)):
-            member = members[k]
-            need = needs[k]
-            fresh = need - length[member] if need > length[member] else 0
-            if fresh:
-                counts.append(fresh)
-                tails.append(last_of(states[member].table))
-                total += fresh
-                length[member] = need
-            fresh_of.append(fresh)
-            target = targets[k]
-            shown = False
-            if target > computed[member]:  # `_advance`
-                computed[member] = target
-                if caching and target // bs > visible[member]:
-                    visible[member] = target // bs
-                    shown = True
-            shows.append(shown)
+        start = 0
+        for step in range(len(ends)):
+            end = ends[step]
+            for k in range(start, end):
+                member = members[k]
+                target = targets[k]
+                need = -(-target // bs)
+                if need > length[member]:
+                    fresh = need - length[member]
+                    counts.append(fresh)
+                    tails.append(last_of(states[member].table))
+                    grows_at.append(k)
+                    grows_in.append(step)
+                    total += fresh
+                    length[member] = need
+                if target > computed[member]:  # `_advance`
+                    computed[member] = target
+                    if caching and target // bs > visible[member]:
+                        visible[member] = target // bs
+                        shown[step] += 1
+            start = end
         if total > pool.capacity - pool.num_active():
             return False
         for i in range(n):
@@ -679,36 +695,28 @@ class KvManager:
         if taken is None:  # unreachable: the total fits
             raise InvariantViolationError("a stretch's admissions did not fit after all")
         ids, removed = taken
-        allocations: list[Allocation] = []
+        # Every slot allocates nothing but the growths', set below in their places.
+        allocations = [_NOTHING] * len(members)
+        next_id = 0
+        for g in range(len(counts)):
+            fresh = counts[g]
+            new_ids: list[int] = []
+            for block_id in ids[next_id : next_id + fresh]:
+                add_run(new_ids, block_id, 1)
+            next_id += fresh
+            gone = removed[g]
+            if gone:
+                gone = descents_of(gone)
+                shown[grows_in[g]] += 1  # its Removed event, counted with the Stored ones
+            grown = states[members[grows_at[g]]]
+            extend_runs(grown.table, new_ids)
+            grown.num_blocks += fresh
+            allocations[grows_at[g]] = Allocation(new_ids, 0, gone)
         kv_events: list[int] = []
         events = self._num_events
-        next_id = 0
-        next_growth = 0
-        start = 0
-        for end in ends:
-            for k in range(start, end):
-                fresh = fresh_of[k]
-                if fresh:
-                    new_ids: list[int] = []
-                    for block_id in ids[next_id : next_id + fresh]:
-                        add_run(new_ids, block_id, 1)
-                    next_id += fresh
-                    gone = removed[next_growth]
-                    next_growth += 1
-                    if gone:
-                        gone = descents_of(gone)
-                    grown = states[members[k]]
-                    extend_runs(grown.table, new_ids)
-                    grown.num_blocks += fresh
-                    if gone:
-                        events += 1
-                    allocations.append(Allocation(new_ids, 0, gone))
-                else:
-                    allocations.append(_NOTHING)
-                if shows[k]:
-                    events += 1
+        for step in range(len(ends)):
+            events += shown[step]
             kv_events.append(events)
-            start = end
         self._num_events = events
         blocks: list[int] = []  # the blocks the stretch caches, in the order of ``cached``
         for i in range(n):
