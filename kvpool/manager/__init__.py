@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING
 from kvpool.lazy import lazy_attributes
 from kvpool.manager.types import (
     Allocation,
+    DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
@@ -33,6 +35,7 @@ else:
 
 __all__ = [
     "Allocation",
+    "DecodeRun",
     "DecodeStretch",
     "KvManager",
     "LocalKvClient",
@@ -40,6 +43,7 @@ __all__ = [
     "ManagerStats",
     "PoolUsage",
     "PrefillCost",
+    "RunAllocations",
     "SlotRequest",
     "StepAllocations",
     "StepOutcome",

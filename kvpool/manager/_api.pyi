@@ -8,9 +8,11 @@ from collections.abc import Iterator, Sequence
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
     Allocation,
+    DecodeRun,
     DecodeStretch,
     ManagerStats,
     PrefillCost,
+    RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
@@ -74,6 +76,16 @@ class KvManager:
         *,
         stop_if_cost_changes: PrefillCost | None = None,
     ) -> StretchAllocations: ...
+    def allocate_run(
+        self,
+        run: DecodeRun,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> RunAllocations: ...
+    def finish_run(
+        self, run: DecodeRun, updates: Sequence[StepUpdate]
+    ) -> tuple[RunAllocations, StepOutcome]: ...
     def undo_allocation(self, request_id: str, allocation: Allocation) -> bool: ...
     def mark_computed(self, request_id: str, num_computed_tokens: int) -> None: ...
     def __contains__(self, request_id: object) -> bool: ...

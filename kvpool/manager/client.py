@@ -49,10 +49,12 @@ from kvpool.manager import KvManager, messages
 from kvpool.manager.operations import ManagerState
 from kvpool.manager.types import (
     Allocation,
+    DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
@@ -195,6 +197,19 @@ class ManagerClient:
         )
         return reply
 
+    async def allocate_run(
+        self,
+        run: DecodeRun,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> RunAllocations:
+        """`KvManager.allocate_run`: a decode run's allocations in closed form."""
+        reply: RunAllocations = await self._call(
+            messages.AllocateRun(run, probe, stop_if_cost_changes)
+        )
+        return reply
+
     async def mark_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """`KvManager.mark_computed`: move the visibility watermark."""
         await self._call(messages.MarkComputed(request_id, num_computed_tokens))
@@ -217,6 +232,13 @@ class ManagerClient:
     ) -> tuple[StretchAllocations, StepOutcome]:
         """`KvManager.finish_stretch`: a stretch's allocations, then a step's updates."""
         reply: messages.StretchFinished = await self._call(messages.FinishStretch(stretch, updates))
+        return reply.allocations, reply.outcome
+
+    async def finish_run(
+        self, run: DecodeRun, updates: list[StepUpdate]
+    ) -> tuple[RunAllocations, StepOutcome]:
+        """`KvManager.finish_run`: a run's allocations, then a step's updates."""
+        reply: messages.RunFinished = await self._call(messages.FinishRun(run, updates))
         return reply.allocations, reply.outcome
 
     async def take_events(self) -> list[KVEvent]:

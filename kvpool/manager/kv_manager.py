@@ -62,10 +62,12 @@ from kvpool.hashing.runs import TokenRuns
 from kvpool.manager.request import RequestState
 from kvpool.manager.types import (
     Allocation,
+    DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
@@ -80,6 +82,7 @@ from kvpool.manager.validation import (
 )
 from kvpool.pool import BlockId, BlockPool
 from kvpool.pool.runs import (
+    add_descent,
     add_run,
     descents_of,
     expand,
@@ -465,34 +468,10 @@ class KvManager:
             )
         if not unchecked_ends or unchecked_ends[-1] != slots:
             raise InvalidArgumentError("a stretch's step_ends must end at its last slot")
-        states: list[RequestState] = []
-        tokens: list[array[int] | range] = []
-        placed: list[int] = []  # each request's tokens placed by the slots checked so far
-        held: list[int] = []  # each request's token count at its next slot
-        step_of: list[int] = []  # the last step that named each request
-        seen: set[str] = set()
-        for i in range(n):
-            state = self._get(unchecked_ids[i])
-            request_id = cast(str, unchecked_ids[i])  # `_get` found it: a registered str
-            if request_id in seen:
-                raise InvalidArgumentError(f"request {request_id!r} appears twice in a stretch")
-            seen.add(request_id)
-            if not state.num_blocks:
-                raise InvalidArgumentError(
-                    f"request {request_id!r} holds no block: a stretch continues tables"
-                )
-            checked = check_tokens(new_tokens[i])
-            # sliced below, one slot's share at a time (`TokenRuns` has no slices)
-            given: array[int] | range
-            if type(checked) is TokenRuns:  # not isinstance: an ABC's check is slow
-                given = checked.to_array()
-            else:
-                given = cast("array[int] | range", checked)
-            states.append(state)
-            tokens.append(given)
-            placed.append(0)
-            held.append(state.num_tokens)
-            step_of.append(-1)
+        states, tokens = self._decoding(unchecked_ids, new_tokens)
+        placed = [0] * n  # each request's tokens placed by the slots checked so far
+        held = [state.num_tokens for state in states]  # its token count at its next slot
+        step_of = [-1] * n  # the last step that named each request
         bs = self._block_size
         capacity = self._pool.capacity
         most = capacity * bs  # the most tokens a table of the whole pool holds
@@ -554,26 +533,321 @@ class KvManager:
                     f"request {unchecked_ids[i]!r}: {sizes[i] - placed[i]} of its new "
                     "tokens are placed in no slot"
                 )
+        probe_member = self._probe_member(probe, stop_if_cost_changes, states)
+        extended = False  # every request's new tokens appended already (`_stretch_at_once`)
+        if probe is None and not self._record_events:
+            at_once = self._stretch_at_once(
+                states, tokens, stretch.members, stretch.targets, stretch.step_ends
+            )
+            if type(at_once) is StretchAllocations:
+                return at_once
+            extended = at_once is True
+        return self._stretch_slots(
+            states, tokens, stretch, probe, probe_member, stop_if_cost_changes, extended
+        )
+
+    def allocate_run(
+        self,
+        run: object,
+        probe: object = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> RunAllocations:
+        """`allocate_stretch` of the stretch a `DecodeRun` stands for (its
+        ``stretch(block_size)``), in the run's closed form: the same checks before
+        anything changes, the same effect on the pool and the counters, the same stops
+        and probed cost, and its result per request and per group (`RunAllocations`)
+        rather than per slot. With no probe and events off, when that is the same
+        (`_run_at_once` says when), the run costs a step per request and per group: no
+        slot is spelled out.
+
+        Every request must hold blocks already, be named once and take part in some
+        step (``grows`` and ``fills`` in ``[-1, steps)``, not both -1), its targets must
+        stay within its tokens (its ``new_tokens`` included) and its table within the
+        pool, and ``steps`` must be an int >= 1; anything else raises
+        `InvalidArgumentError` (or `TokenCountError`, `CapacityError`,
+        `UnknownRequestError`) before anything changes.
+        """
+        states, tokens = self._check_run(run)
+        checked = cast(DecodeRun, run)
+        probe_member = self._probe_member(probe, stop_if_cost_changes, states)
+        extended = False
+        if probe is None and not self._record_events:
+            at_once = self._run_at_once(states, tokens, checked)
+            if type(at_once) is RunAllocations:
+                return at_once
+            extended = at_once is True
+        stretch = checked.stretch(self._block_size)
+        result = self._stretch_slots(
+            states, tokens, stretch, probe, probe_member, stop_if_cost_changes, extended
+        )
+        return _as_run(len(states), stretch, result)
+
+    def finish_run(
+        self, run: object, updates: Sequence[StepUpdate]
+    ) -> tuple[RunAllocations, StepOutcome]:
+        """`allocate_run` of ``run`` (no probe), then `finish_step` of ``updates`` (no
+        probe), in one call: `finish_stretch` for a run."""
+        self._check_updates(updates, None)
+        allocations = self.allocate_run(run)
+        self._apply_updates(updates)
+        return allocations, self._step_outcome(None)
+
+    def _check_run(self, run: object) -> tuple[list[RequestState], list[array[int] | range]]:
+        """`allocate_run`'s checks of its run, before anything changes: the requests'
+        states and new tokens (`_decoding`)."""
+        if type(run) is not DecodeRun:
+            raise InvalidArgumentError(f"expected a DecodeRun, got {run!r:.200}")
+        raw: Any = run  # read untyped until checked, as `allocate_stretch` does
+        fields: tuple[object, ...] = (
+            raw.request_ids,
+            raw.new_tokens,
+            raw.targets,
+            raw.grows,
+            raw.fills,
+        )
+        if any(type(field) is not list for field in fields):
+            raise InvalidArgumentError(
+                f"a DecodeRun's fields but steps must be lists, got {run!r:.200}"
+            )
+        steps: object = raw.steps
+        if type(steps) is not int or steps < 1:
+            raise InvalidArgumentError(f"a DecodeRun's steps must be an int >= 1, got {steps!r}")
+        unchecked_ids: list[object] = raw.request_ids
+        unchecked_targets: list[object] = raw.targets
+        unchecked_grows: list[object] = raw.grows
+        unchecked_fills: list[object] = raw.fills
+        n = len(unchecked_ids)
+        if any(len(cast("list[object]", field)) != n for field in fields):
+            raise InvalidArgumentError("a DecodeRun needs one of each field per request")
+        states, tokens = self._decoding(unchecked_ids, run.new_tokens)
+        bs = self._block_size
+        most = self._pool.capacity * bs  # the most tokens a table of the whole pool holds
+        for i in range(n):
+            target = unchecked_targets[i]
+            grow = unchecked_grows[i]
+            fill = unchecked_fills[i]
+            if type(target) is not int or target < 0:
+                raise InvalidArgumentError(f"targets must be ints >= 0, got {target!r}")
+            if type(grow) is not int or not -1 <= grow < steps:
+                raise InvalidArgumentError(f"grows must be ints in [-1, {steps}), got {grow!r}")
+            if type(fill) is not int or not -1 <= fill < steps:
+                raise InvalidArgumentError(f"fills must be ints in [-1, {steps}), got {fill!r}")
+            if grow < 0 and fill < 0:
+                raise InvalidArgumentError(
+                    f"request {unchecked_ids[i]!r} takes part in no step of the run"
+                )
+            last = max(
+                first + (steps - 1 - first) // bs * bs for first in (grow, fill) if first >= 0
+            )
+            top = target + last  # its last slot's target: the largest
+            held = states[i].num_tokens + len(tokens[i])
+            if top > held:
+                raise TokenCountError(
+                    f"request {unchecked_ids[i]!r} has {held} tokens; cannot allocate for {top}"
+                )
+            if top > most:
+                raise CapacityError(
+                    f"request {unchecked_ids[i]!r} needs {-(-top // bs)} blocks; "
+                    f"the pool holds {self._pool.capacity}"
+                )
+        return states, tokens
+
+    def _run_at_once(
+        self, states: list[RequestState], tokens: list[array[int] | range], run: DecodeRun
+    ) -> RunAllocations | bool:
+        """A checked run with no probe and events off, done in closed form when that is
+        what its stretch slot by slot would do: returns its result, or False (nothing
+        changed) or True (every request's new tokens appended, nothing else changed)
+        for `allocate_run` to do it slot by slot.
+
+        Each request's slots are walked as two progressions (its table's growths, its
+        blocks' fills), with no slot spelled out: the blocks each grows by and the
+        slots per group that make blocks visible (one Stored event each). Its blocks are
+        taken in one `BlockPool.admit_each` (one admission per request, in request order:
+        the evictions are the stretch's, from the LRU head) and cached in one
+        `cache_runs`. That is the stretch's result whenever `_stretch_at_once`'s
+        conditions hold (every slot fits; no hash the run caches resident or cached
+        twice) and, as the stretch counts one Removed event per growth that evicted a
+        last copy, every copy the run evicts is its hash's last (`BlockPool
+        .evicts_last_copies`): then a growth has its Removed event exactly when free
+        capacity ran out before its last block, in slot order.
+        """
+        pool = self._pool
+        bs = self._block_size
+        caching = self._caching
+        steps = run.steps
+        n = len(states)
+        first_visible = [state.visible for state in states]
+        visible = list(first_visible)
+        computed = [state.computed for state in states]
+        counts: list[int] = []  # per growing request, the blocks it grows by
+        tails: list[int] = []  # and its table's last block before the run
+        growers: list[int] = []  # and its index
+        grown_at: dict[int, list[int]] = {}  # step -> its growths' blocks, in request order
+        shown: dict[int, int] = {}  # step -> its slots that make blocks visible
+        slots = 0
+        total = 0
+        for i in range(n):
+            target = run.targets[i]
+            grow = run.grows[i]
+            fill = run.fills[i]
+            length = states[i].num_blocks
+            done = computed[i]
+            seen = visible[i]
+            next_grow = grow if grow >= 0 else steps
+            next_fill = fill if fill >= 0 else steps
+            blocks = 0
+            while True:
+                step = next_grow if next_grow < next_fill else next_fill
+                if step >= steps:
+                    break
+                if step == next_grow:
+                    next_grow += bs
+                if step == next_fill:
+                    next_fill += bs
+                slots += 1
+                now = target + step
+                need = -(-now // bs)
+                if need > length:
+                    grown_at.setdefault(step, []).append(need - length)
+                    blocks += need - length
+                    length = need
+                elif step not in grown_at:
+                    grown_at[step] = []  # a group all the same
+                if now > done:  # `_advance`
+                    done = now
+                    if caching and now // bs > seen:
+                        seen = now // bs
+                        shown[step] = shown.get(step, 0) + 1
+            computed[i] = done
+            visible[i] = seen
+            if blocks:
+                counts.append(blocks)
+                tails.append(last_of(states[i].table))
+                growers.append(i)
+                total += blocks
+        free = pool.capacity - pool.num_active()
+        if total > free:
+            return False
+        free -= pool.num_inactive()  # what no eviction is needed for
+        if total > free and not pool.evicts_last_copies(total - free):
+            return False
+        for i in range(n):
+            if len(tokens[i]):
+                states[i].extend(tokens[i])
+        cached: list[int] = []  # the hashes the run caches, request by request
+        if caching:
+            for i in range(n):
+                if visible[i] > first_visible[i]:
+                    extend_runs(cached, slice_runs(states[i].chain, first_visible[i], visible[i]))
+            if cached and (overlapping(cached) or pool.any_resident_runs(cached)):
+                return True
+        taken = pool.admit_each(counts, tails)
+        if taken is None:  # unreachable: the total fits
+            raise InvariantViolationError("a run's admissions did not fit after all")
+        ids, removed = taken
+        allocations = [_NOTHING] * n
+        removed_runs: list[int] = []
+        next_id = 0
+        for g in range(len(counts)):
+            fresh = counts[g]
+            new_ids: list[int] = []
+            for block_id in ids[next_id : next_id + fresh]:
+                add_run(new_ids, block_id, 1)
+            next_id += fresh
+            for key in removed[g]:
+                add_descent(removed_runs, key, 1)
+            state = states[growers[g]]
+            extend_runs(state.table, new_ids)
+            state.num_blocks += fresh
+            allocations[growers[g]] = Allocation(new_ids, 0, [])
+        # A growth has its Removed event when free capacity ran out before its last
+        # block (every copy evicted is its hash's last): in slot order, group by group.
+        kv_events: list[int] = []
+        events = self._num_events
+        used = 0
+        for step in sorted(grown_at):
+            for blocks in grown_at[step]:
+                used += blocks
+                if used > free:
+                    events += 1
+            events += shown.get(step, 0)
+            kv_events.append(events)
+        self._num_events = events
+        blocks_cached: list[int] = []  # the blocks the run caches, in the order of ``cached``
+        for i in range(n):
+            state = states[i]
+            state.computed = computed[i]
+            if visible[i] > first_visible[i]:
+                extend_runs(blocks_cached, slice_runs(state.table, first_visible[i], visible[i]))
+                state.visible = visible[i]
+        if cached and False in pool.cache_runs(blocks_cached, cached):
+            # unreachable: no hash was resident or cached twice
+            raise InvariantViolationError("a run cached a hash resident already")
+        return RunAllocations(allocations, slots, removed_runs, kv_events, [], self.stats(), None)
+
+    def _decoding(
+        self, unchecked_ids: list[object], new_tokens: list[Sequence[int]]
+    ) -> tuple[list[RequestState], list[array[int] | range]]:
+        """The checks of a stretch's (or a run's) requests, before anything changes: each
+        registered, named once and holding blocks (a decode continues tables), its new
+        tokens valid; their states and their new tokens (``TokenRuns`` as an array, to
+        be sliced a slot's share at a time)."""
+        states: list[RequestState] = []
+        tokens: list[array[int] | range] = []
+        seen: set[str] = set()
+        for i in range(len(unchecked_ids)):
+            state = self._get(unchecked_ids[i])
+            request_id = cast(str, unchecked_ids[i])  # `_get` found it: a registered str
+            if request_id in seen:
+                raise InvalidArgumentError(f"request {request_id!r} appears twice in a stretch")
+            seen.add(request_id)
+            if not state.num_blocks:
+                raise InvalidArgumentError(
+                    f"request {request_id!r} holds no block: a stretch continues tables"
+                )
+            checked = check_tokens(new_tokens[i])
+            given: array[int] | range
+            if type(checked) is TokenRuns:  # not isinstance: an ABC's check is slow
+                given = checked.to_array()
+            else:
+                given = cast("array[int] | range", checked)
+            states.append(state)
+            tokens.append(given)
+        return states, tokens
+
+    def _probe_member(self, probe: object, watched: object, states: list[RequestState]) -> int:
+        """A stretch's (or a run's) probe checks, before anything changes; the index of
+        the probe among ``states`` (-1: none of them)."""
         probe_state = None if probe is None else self._get(probe)
-        watched = stop_if_cost_changes
         if watched is not None and (probe is None or type(watched) is not PrefillCost):
             raise InvalidArgumentError(
                 f"stop_if_cost_changes needs a probe and a PrefillCost, got {watched!r}"
             )
-        probe_member = -1
-        for i in range(n):
+        for i in range(len(states)):
             if states[i] is probe_state:
-                probe_member = i
-        members = stretch.members  # checked: typed reads from here on
+                return i
+        return -1
+
+    def _stretch_slots(
+        self,
+        states: list[RequestState],
+        tokens: list[array[int] | range],
+        stretch: DecodeStretch,
+        probe: object,
+        probe_member: int,
+        watched: PrefillCost | None,
+        extended: bool,
+    ) -> StretchAllocations:
+        """A checked stretch slot by slot (`allocate_stretch`); with ``extended``, every
+        request's new tokens were appended already."""
+        members = stretch.members
         targets = stretch.targets
         appends = stretch.appends
         ends = stretch.step_ends
-        extended = False  # every request's new tokens appended already (`_stretch_at_once`)
-        if probe is None and not self._record_events:
-            at_once = self._stretch_at_once(states, tokens, members, targets, ends)
-            if type(at_once) is StretchAllocations:
-                return at_once
-            extended = at_once is True
+        bs = self._block_size
+        n = len(states)
         allocations: list[Allocation] = []
         kv_events: list[int] = []
         events: list[tuple[int, list[KVEvent]]] = []
@@ -1236,6 +1510,28 @@ class KvManager:
         all or nothing (the pool checks every id before it releases one)."""
         self._pool.release_runs(state.table)
         state.reset()
+
+
+def _as_run(n: int, stretch: DecodeStretch, result: StretchAllocations) -> RunAllocations:
+    """A run's stretch's ``result`` in the run's form: each request's allocations joined
+    into one, the removed hashes into one list."""
+    joined: list[list[int]] = [[] for _ in range(n)]
+    removed: list[int] = []
+    allocations = result.allocations
+    for k in range(len(allocations)):
+        allocation = allocations[k]
+        extend_runs(joined[stretch.members[k]], allocation.block_runs)
+        for key in allocation.removed:
+            add_descent(removed, key, 1)
+    return RunAllocations(
+        [Allocation(blocks, 0, []) if blocks else _NOTHING for blocks in joined],
+        len(allocations),
+        removed,
+        result.kv_events,
+        result.events,
+        result.stats,
+        result.cost,
+    )
 
 
 def _require(condition: bool, message: str) -> None:

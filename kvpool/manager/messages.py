@@ -18,10 +18,12 @@ import msgspec
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
     Allocation,
+    DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
@@ -88,6 +90,15 @@ class AllocateStretch(msgspec.Struct, frozen=True, gc=False, tag=True):
     stop_if_cost_changes: PrefillCost | None = None
 
 
+class AllocateRun(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.allocate_run``: a decode run's allocations in closed form; the reply
+    is a `RunAllocations`."""
+
+    run: DecodeRun
+    probe: str | None = None
+    stop_if_cost_changes: PrefillCost | None = None
+
+
 class MarkComputed(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.mark_computed``: the scheduler's computed-token count."""
 
@@ -136,6 +147,14 @@ class FinishStretch(msgspec.Struct, frozen=True, gc=False, tag=True):
     updates: list[StepUpdate]
 
 
+class FinishRun(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.finish_run``: a decode run's allocations, then a step's updates (a
+    jump whose last step finishes requests); the reply is a `RunFinished`."""
+
+    run: DecodeRun
+    updates: list[StepUpdate]
+
+
 class GetManagerStats(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.stats`` plus the pool's occupancy."""
 
@@ -148,6 +167,7 @@ ManagerRequest: TypeAlias = (
     AllocateSlots
     | AllocateSteps
     | AllocateStretch
+    | AllocateRun
     | MarkComputed
     | AppendTokens
     | AddRequest
@@ -158,6 +178,7 @@ ManagerRequest: TypeAlias = (
     | TakeBatch
     | FinishStep
     | FinishStretch
+    | FinishRun
     | GetManagerStats
     | CheckManager
 )
@@ -202,6 +223,13 @@ class StretchFinished(msgspec.Struct, frozen=True, gc=False, tag=True):
     outcome: StepOutcome
 
 
+class RunFinished(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """The answer to `FinishRun`: the run's allocations, then the updates' outcome."""
+
+    allocations: RunAllocations
+    outcome: StepOutcome
+
+
 class ManagerStatsReply(msgspec.Struct, frozen=True, gc=False, tag=True):
     """The answer to `GetManagerStats`: the manager's counters and the pool's occupancy."""
 
@@ -218,6 +246,8 @@ ManagerReply: TypeAlias = (
     | StepsReply
     | StretchAllocations
     | StretchFinished
+    | RunAllocations
+    | RunFinished
     | ManagerStatsReply
     | DoneReply
     | ErrorReply
@@ -243,6 +273,7 @@ def decode(data: bytes) -> ManagerMessage:
 
 __all__ = [
     "AddRequest",
+    "AllocateRun",
     "AllocateSlots",
     "AllocateSteps",
     "AllocateStretch",
@@ -251,6 +282,7 @@ __all__ = [
     "BatchReply",
     "CheckManager",
     "EventsReply",
+    "FinishRun",
     "FinishStep",
     "FinishStretch",
     "FreeRequest",
@@ -263,6 +295,7 @@ __all__ = [
     "MarkComputed",
     "PreemptRequest",
     "PrefillCostReply",
+    "RunFinished",
     "StepsReply",
     "StretchFinished",
     "TakeBatch",

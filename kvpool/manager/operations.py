@@ -42,6 +42,7 @@ from kvpool.events import KVEvent
 from kvpool.manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
+    AllocateRun,
     AllocateSlots,
     AllocateSteps,
     AllocateStretch,
@@ -50,6 +51,7 @@ from kvpool.manager.messages import (
     BatchReply,
     CheckManager,
     EventsReply,
+    FinishRun,
     FinishStep,
     FinishStretch,
     FreeRequest,
@@ -59,12 +61,20 @@ from kvpool.manager.messages import (
     MarkComputed,
     PreemptRequest,
     PrefillCostReply,
+    RunFinished,
     StepsReply,
     StretchFinished,
     TakeBatch,
     TakeEvents,
 )
-from kvpool.manager.types import DecodeStretch, PoolUsage, StepOutcome, StretchAllocations
+from kvpool.manager.types import (
+    DecodeRun,
+    DecodeStretch,
+    PoolUsage,
+    RunAllocations,
+    StepOutcome,
+    StretchAllocations,
+)
 from kvpool.messages import DoneReply
 
 _DONE = DoneReply()
@@ -148,6 +158,30 @@ class ManagerState:
         for k in range(len(reply.allocations) - 1, -1, -1):  # last in, first out
             request_id = stretch.request_ids[stretch.members[k]]
             manager.undo_allocation(request_id, reply.allocations[k])
+        events = [event for _, events in reply.events for event in events]
+        manager.restore_events(events + later if later else events)
+
+    def allocate_run(self, message: AllocateRun) -> RunAllocations:
+        return self.manager.allocate_run(
+            message.run, message.probe, stop_if_cost_changes=message.stop_if_cost_changes
+        )
+
+    def undo_allocate_run(self, message: AllocateRun, reply: RunAllocations) -> None:
+        self._undo_run(message.run, reply, [])
+
+    def finish_run(self, message: FinishRun) -> RunFinished:
+        allocations, outcome = self.manager.finish_run(message.run, message.updates)
+        return RunFinished(allocations, outcome)
+
+    def undo_finish_run(self, message: FinishRun, reply: RunFinished) -> None:
+        self._undo_run(message.run, reply.allocations, reply.outcome.events)
+
+    def _undo_run(self, run: DecodeRun, reply: RunAllocations, later: list[KVEvent]) -> None:
+        """Undo a run's allocations, request by request, last first, then put its events
+        back, and ``later`` ones (drained after it) behind them."""
+        manager = self.manager
+        for i in range(len(reply.allocations) - 1, -1, -1):
+            manager.undo_allocation(run.request_ids[i], reply.allocations[i])
         events = [event for _, events in reply.events for event in events]
         manager.restore_events(events + later if later else events)
 
@@ -236,6 +270,13 @@ OPERATIONS: tuple[Operation[ManagerState, Any, Any], ...] = (
         undo=ManagerState.undo_allocate_stretch,
         ordered=True,
     ),
+    Operation(
+        AllocateRun,
+        RunAllocations,
+        ManagerState.allocate_run,
+        undo=ManagerState.undo_allocate_run,
+        ordered=True,
+    ),
     Operation(MarkComputed, DoneReply, ManagerState.mark_computed),
     Operation(AppendTokens, DoneReply, ManagerState.append_tokens),
     Operation(
@@ -256,6 +297,14 @@ OPERATIONS: tuple[Operation[ManagerState, Any, Any], ...] = (
         StretchFinished,
         ManagerState.finish_stretch,
         undo=ManagerState.undo_finish_stretch,
+        gives_back=True,
+        ordered=True,
+    ),
+    Operation(
+        FinishRun,
+        RunFinished,
+        ManagerState.finish_run,
+        undo=ManagerState.undo_finish_run,
         gives_back=True,
         ordered=True,
     ),

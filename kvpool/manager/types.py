@@ -172,6 +172,73 @@ class DecodeStretch(msgspec.Struct, frozen=True, gc=False):
         return steps
 
 
+class DecodeRun(msgspec.Struct, frozen=True, gc=False):
+    """A run of decode steps' allocations in closed form, for `KvManager.allocate_run`:
+    in each of ``steps`` steps every request named here computes one more token, so
+    when its table grows and when its blocks fill is an arithmetic progression, not a
+    slot each.
+
+    Request ``i`` takes part in step ``s < steps`` (a *slot*) when ``s >= grows[i]``
+    and ``s - grows[i]`` is a multiple of the block size (its table grows then), or
+    likewise for ``fills[i]`` (with prefix caching, its target ends a block then): -1
+    is no such step. In its slot at step ``s`` it targets ``targets[i] + s`` tokens,
+    and it hears all of ``new_tokens[i]`` with its first slot. `stretch` spells it out
+    as the `DecodeStretch` it stands for; steps with slots are its groups, in order.
+    """
+
+    request_ids: list[str]
+    new_tokens: list[Sequence[int]]
+    targets: list[int]
+    grows: list[int]
+    fills: list[int]
+    steps: int
+
+    def stretch(self, block_size: int) -> DecodeStretch:
+        """The `DecodeStretch` this run stands for with blocks of ``block_size`` tokens:
+        the same slots, step by step, in request order within a step."""
+        slots: list[tuple[int, int]] = []  # (step, request)
+        for i in range(len(self.request_ids)):
+            for first in (self.grows[i], self.fills[i]):
+                if first >= 0:
+                    slots.extend((s, i) for s in range(first, self.steps, block_size))
+        slots = sorted(set(slots))
+        heard = [False] * len(self.request_ids)
+        members: list[int] = []
+        targets: list[int] = []
+        appends: list[int] = []
+        step_ends: list[int] = []
+        for k, (step, i) in enumerate(slots):
+            members.append(i)
+            targets.append(self.targets[i] + step)
+            appends.append(0 if heard[i] else len(self.new_tokens[i]))
+            heard[i] = True
+            if k + 1 == len(slots) or slots[k + 1][0] != step:
+                step_ends.append(k + 1)
+        return DecodeStretch(
+            list(self.request_ids), list(self.new_tokens), members, targets, appends, step_ends
+        )
+
+
+class RunAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """What `KvManager.allocate_run` did, in the closed form of its argument.
+
+    ``allocations``: per request of the run, in order, one `Allocation` of the blocks
+    its slots that fit appended (none cached; its ``removed_runs`` empty); ``slots``:
+    how many slots fit, in the order of `DecodeRun.stretch` (fewer than all: the next
+    one did not fit, and the rest were not tried); ``removed_runs``: the hashes evicted
+    for good, in eviction order, as descending runs; ``kv_events``, ``events``,
+    ``stats`` and ``cost``: per group tried, as `StretchAllocations` has them.
+    """
+
+    allocations: list[Allocation]
+    slots: int
+    removed_runs: list[int]
+    kv_events: list[int]
+    events: list[tuple[int, list[KVEvent]]]
+    stats: ManagerStats
+    cost: PrefillCost | None = None
+
+
 class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
     """What `KvManager.allocate_stretch` did, in the compact form of its argument.
 
@@ -204,10 +271,12 @@ class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 __all__ = [
     "Allocation",
+    "DecodeRun",
     "DecodeStretch",
     "ManagerStats",
     "PoolUsage",
     "PrefillCost",
+    "RunAllocations",
     "SlotRequest",
     "StepAllocations",
     "StepOutcome",

@@ -235,6 +235,23 @@ class BlockPool:
         chain, _ = _checked_runs(runs, "runs")
         return self._any_resident(chain)
 
+    def evicts_last_copies(self, count: object) -> bool:
+        """Whether evicting the next ``count`` inactive copies (from the LRU head) would
+        remove each one's hash: no other copy of it is resident. A query; raises
+        `InvalidArgumentError` unless ``count`` is an int in ``[0, num_inactive()]``."""
+        if type(count) is not int or not 0 <= count <= self._num_inactive:
+            raise InvalidArgumentError(
+                f"count must be an int in [0, {self._num_inactive}], got {count!r}"
+            )
+        sentinel = self._lru
+        node = cast(Extent, sentinel.next)
+        while count > 0:
+            if not self._alone_in(node):
+                return False
+            count -= node.n
+            node = cast(Extent, node.next)
+        return True
+
     def num_active(self) -> int:
         """Copies in use plus reserved capacity: what vLLM reports as used blocks."""
         return self._num_copies - self._num_inactive + self._reserved

@@ -33,7 +33,14 @@ from kvpool.errors import (
     PoolError,
 )
 from kvpool.events import BlockStored
-from kvpool.manager import DecodeStretch, KvManager, ManagerClient, StepUpdate, open_manager
+from kvpool.manager import (
+    DecodeRun,
+    DecodeStretch,
+    KvManager,
+    ManagerClient,
+    StepUpdate,
+    open_manager,
+)
 from kvpool.messages import (
     ActivatePrefix,
     Admit,
@@ -79,6 +86,7 @@ MANAGER_METHODS = [
     "preempt",
     "finish_step",
     "finish_stretch",
+    "finish_run",
     "take_events",
     "take_batch",
     "stats",
@@ -620,6 +628,31 @@ async def test_a_finish_stretch_in_a_cancelled_scope_frees_and_allocates_nothing
         await anyio.wait_all_tasks_blocked()
         await _give_back_in_cancelled_scope(
             lambda: kv.finish_stretch(stretch, [StepUpdate("b", [], -1, True)])
+        )
+        await kv.usage()  # queued behind it: the actor has handled it by now
+        assert "b" not in manager
+        assert manager.num_blocks("a") == 1
+        await kv.free("a")
+        assert (await kv.usage()).num_active == 0
+        await kv.check_invariants()
+
+
+@pytest.mark.anyio
+async def test_a_finish_run_in_a_cancelled_scope_frees_and_allocates_nothing() -> None:
+    """`finish_run` as `finish_stretch`: in a cancelled scope its frees take effect and
+    what its run allocated goes back."""
+    managers: list[KvManager] = []
+    async with open_manager(8, BS, on_create=managers.append) as kv:
+        (manager,) = managers
+        for name, first in (("a", 0), ("b", 100)):
+            await kv.add_request(name, list(range(first, first + 3)))
+            assert await kv.allocate(name, 3, cache=True) is not None
+        await kv.take_events()
+        # a's first block fills at step 0, its table grows at step 1; b finishes
+        run = DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2)
+        await anyio.wait_all_tasks_blocked()
+        await _give_back_in_cancelled_scope(
+            lambda: kv.finish_run(run, [StepUpdate("b", [], -1, True)])
         )
         await kv.usage()  # queued behind it: the actor has handled it by now
         assert "b" not in manager

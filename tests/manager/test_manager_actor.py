@@ -22,6 +22,7 @@ from kvpool.errors import (
 )
 from kvpool.events import decode_batch, encode_batch
 from kvpool.manager import (
+    DecodeRun,
     DecodeStretch,
     KvManager,
     ManagerClient,
@@ -31,9 +32,11 @@ from kvpool.manager import (
 )
 from kvpool.manager.messages import (
     AddRequest,
+    AllocateRun,
     AllocateSlots,
     AllocateSteps,
     AllocateStretch,
+    FinishRun,
     FinishStretch,
     TakeEvents,
 )
@@ -413,6 +416,52 @@ def test_undoing_an_unread_finish_stretch_keeps_its_frees() -> None:
     assert [len(allocation.block_ids) for allocation in reply.allocations.allocations] == [0, 1]
     assert "b" not in manager
     handlers.undo_finish_stretch(message, reply)
+    assert "b" not in manager  # freed for good
+    assert manager.num_blocks("a") == 1
+    assert manager.pool.num_active() == before - 1  # b's block went idle
+    drained = [event for _, events in reply.allocations.events for event in events]
+    assert manager.take_events() == drained + reply.outcome.events
+    manager.check_invariants()
+
+
+def test_undoing_an_unread_run_gives_back_its_blocks_and_its_events() -> None:
+    """An `AllocateRun` whose caller never read the reply: as an `AllocateStretch`'s,
+    its blocks go back and the events it drained are queued again."""
+    handlers, manager = _handlers()
+    manager.add_request("old", list(range(100, 104)))
+    assert manager.allocate("old", 4, cache=True) is not None  # one Stored queued
+    manager.add_request("a", list(range(3)))
+    assert manager.allocate("a", 3, cache=True) is not None
+    before = manager.pool.num_active()
+    # a's first block fills at step 0 (Stored), its table grows at step 1
+    message = AllocateRun(DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2))
+    reply = handlers.allocate_run(message)
+    assert [len(allocation.block_ids) for allocation in reply.allocations] == [1]
+    assert (reply.slots, [step for step, _ in reply.events]) == (2, [0])
+    assert manager.num_pending_events == 0
+    handlers.undo_allocate_run(message, reply)
+    assert manager.num_blocks("a") == 1
+    assert manager.pool.num_active() == before
+    assert manager.take_events() == reply.events[0][1]
+    manager.check_invariants()
+
+
+def test_undoing_an_unread_finish_run_keeps_its_frees() -> None:
+    """A `FinishRun` whose caller never read the reply: its frees stay made, the
+    survivors' allocations go back, and the drained events are queued again."""
+    handlers, manager = _handlers()
+    for name, first in (("a", 0), ("b", 10)):
+        manager.add_request(name, list(range(first, first + 3)))
+        assert manager.allocate(name, 3, cache=True) is not None
+    manager.take_events()
+    before = manager.pool.num_active()
+    message = FinishRun(
+        DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2), [StepUpdate("b", [], -1, True)]
+    )
+    reply = handlers.finish_run(message)
+    assert [len(allocation.block_ids) for allocation in reply.allocations.allocations] == [1]
+    assert "b" not in manager
+    handlers.undo_finish_run(message, reply)
     assert "b" not in manager  # freed for good
     assert manager.num_blocks("a") == 1
     assert manager.pool.num_active() == before - 1  # b's block went idle

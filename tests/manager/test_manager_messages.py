@@ -10,10 +10,12 @@ import pytest
 from kvpool.events import BlockRemoved, BlockStored, KVEventBatch
 from kvpool.manager import (
     Allocation,
+    DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
@@ -22,6 +24,7 @@ from kvpool.manager import (
 )
 from kvpool.manager.messages import (
     AddRequest,
+    AllocateRun,
     AllocateSlots,
     AllocateSteps,
     AllocateStretch,
@@ -30,6 +33,7 @@ from kvpool.manager.messages import (
     BatchReply,
     CheckManager,
     EventsReply,
+    FinishRun,
     FinishStep,
     FinishStretch,
     FreeRequest,
@@ -42,6 +46,7 @@ from kvpool.manager.messages import (
     MarkComputed,
     PreemptRequest,
     PrefillCostReply,
+    RunFinished,
     StepsReply,
     StretchFinished,
     TakeBatch,
@@ -70,6 +75,9 @@ MESSAGES: list[ManagerMessage] = [
     FinishStretch(
         DecodeStretch(["r1"], [[7]], [0], [33], [1], [1]), [StepUpdate("r2", [], -1, True)]
     ),
+    AllocateRun(DecodeRun(["r1", "r2"], [[7, 8], []], [33, 17], [0, -1], [15, 3], 40)),
+    AllocateRun(DecodeRun(["r1"], [[]], [33], [0], [-1], 1), "r2", PrefillCost(1, 0, 2)),
+    FinishRun(DecodeRun(["r1"], [[7]], [33], [0], [-1], 1), [StepUpdate("r2", [], -1, True)]),
     MarkComputed("r1", 16),
     FreeRequest("r1"),
     PreemptRequest("r1"),
@@ -111,6 +119,19 @@ MESSAGES: list[ManagerMessage] = [
     ),
     StretchFinished(
         StretchAllocations([Allocation([], 0, [])], [0], [], ManagerStats(2, 9, 4, 1, 0, 2)),
+        StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(2, 9, 4, 1, 0, 2)),
+    ),
+    RunAllocations(
+        [Allocation([7, 2], 0, []), Allocation([], 0, [])],
+        5,
+        [4, 2],
+        [1, 2],
+        [(1, [BlockRemoved(block_hashes=[4, 3])])],
+        ManagerStats(2, 9, 4, 1, 0, 2),
+        PrefillCost(0, 0, 3),
+    ),
+    RunFinished(
+        RunAllocations([Allocation([], 0, [])], 1, [], [0], [], ManagerStats(2, 9, 4, 1, 0, 2)),
         StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(2, 9, 4, 1, 0, 2)),
     ),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0)),
