@@ -893,12 +893,12 @@ class BlockPool:
                     self._reserve_failures += 1
                     return None
         for r in range(0, len(pieces), 2):
+            if pieces[r + 1] == 1:  # a copy of its own (a token hash's): no list
+                extent = self._live(pieces[r])
+                self._hold(extent if extent.n == 1 else self._carve_one(extent, pieces[r]), hold)
+                continue
             for extent in self._carve(pieces[r], pieces[r + 1]):
-                if not extent.holds:
-                    # Leave the LRU before the hold: membership follows refs and pins.
-                    self._unlink(extent)
-                    self._num_inactive -= extent.n
-                extent.holds += hold
+                self._hold(extent, hold)
         if hold == 1:
             self._refs += hits
         removed: list[int] = []
@@ -908,6 +908,14 @@ class BlockPool:
         self._reserved += fresh
         self._reserves += 1
         return removed
+
+    def _hold(self, extent: Extent, hold: int) -> None:
+        """Add ``hold`` (a pin or a reference) to each copy of a carved extent; an idle
+        one leaves the LRU first (membership follows refs and pins)."""
+        if not extent.holds:
+            self._unlink(extent)
+            self._num_inactive -= extent.n
+        extent.holds += hold
 
     def _idle_among(self, pieces: list[int]) -> int:
         """How many distinct copies the id runs ``pieces`` name are inactive."""
@@ -1170,14 +1178,18 @@ class BlockPool:
             n = extent.n
             taken = n if n <= count else count
             if extent.hash > _MAX_UNBOXED:  # it holds one copy, its bucket's only hash
-                if type(self._buckets[extent.hash]) is Extent:
-                    removed.append(extent.hash)  # no merge: no arithmetic on the hash
+                key = extent.hash
+                if type(self._buckets[key]) is Extent:  # the last copy: the hash goes
+                    del self._buckets[key]
+                    removed.append(key)  # no merge: no arithmetic on the hash
                     removed.append(1)
-                count -= taken
-                self._num_copies -= taken
-                self._num_inactive -= taken
+                else:
+                    self._unbucket(extent)
+                count -= 1
+                self._num_copies -= 1
+                self._num_inactive -= 1
                 self._unlink(extent)
-                self._forget(extent)
+                self._clear(extent.id, 1)
                 continue
             top = extent.hash + n - 1
             entry = self._buckets[extent.hash >> _BUCKET_BITS]
