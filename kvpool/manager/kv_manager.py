@@ -733,20 +733,10 @@ class KvManager:
         free -= pool.num_inactive()  # what no eviction is needed for
         if total > free and not pool.evicts_last_copies(total - free):
             return False
-        for i in range(n):
-            if len(tokens[i]):
-                states[i].extend(tokens[i])
-        cached: list[int] = []  # the hashes the run caches, request by request
-        if caching:
-            for i in range(n):
-                if visible[i] > first_visible[i]:
-                    extend_runs(cached, slice_runs(states[i].chain, first_visible[i], visible[i]))
-            if cached and (overlapping(cached) or pool.any_resident_runs(cached)):
-                return True
-        taken = pool.admit_each(counts, tails)
-        if taken is None:  # unreachable: the total fits
-            raise InvariantViolationError("a run's admissions did not fit after all")
-        ids, removed = taken
+        cached = self._hear_all(states, tokens, first_visible, visible)
+        if cached is None:
+            return True
+        ids, removed = self._admit_all(counts, tails)
         allocations = [_NOTHING] * n
         removed_runs: list[int] = []
         next_id = 0
@@ -775,16 +765,7 @@ class KvManager:
             events += shown.get(step, 0)
             kv_events.append(events)
         self._num_events = events
-        blocks_cached: list[int] = []  # the blocks the run caches, in the order of ``cached``
-        for i in range(n):
-            state = states[i]
-            state.computed = computed[i]
-            if visible[i] > first_visible[i]:
-                extend_runs(blocks_cached, slice_runs(state.table, first_visible[i], visible[i]))
-                state.visible = visible[i]
-        if cached and False in pool.cache_runs(blocks_cached, cached):
-            # unreachable: no hash was resident or cached twice
-            raise InvariantViolationError("a run cached a hash resident already")
+        self._cache_all(states, computed, first_visible, visible, cached)
         return RunAllocations(allocations, slots, removed_runs, kv_events, [], self.stats(), None)
 
     def _decoding(
@@ -921,7 +902,6 @@ class KvManager:
         pool = self._pool
         bs = self._block_size
         caching = self._caching
-        n = len(states)
         length = [state.num_blocks for state in states]
         computed = [state.computed for state in states]
         visible = [state.visible for state in states]
@@ -955,20 +935,10 @@ class KvManager:
             start = end
         if total > pool.capacity - pool.num_active():
             return False
-        for i in range(n):
-            if len(tokens[i]):
-                states[i].extend(tokens[i])
-        cached: list[int] = []  # the hashes the stretch caches, request by request
-        if caching:
-            for i in range(n):
-                if visible[i] > first_visible[i]:
-                    extend_runs(cached, slice_runs(states[i].chain, first_visible[i], visible[i]))
-            if cached and (overlapping(cached) or pool.any_resident_runs(cached)):
-                return True
-        taken = pool.admit_each(counts, tails)
-        if taken is None:  # unreachable: the total fits
-            raise InvariantViolationError("a stretch's admissions did not fit after all")
-        ids, removed = taken
+        cached = self._hear_all(states, tokens, first_visible, visible)
+        if cached is None:
+            return True
+        ids, removed = self._admit_all(counts, tails)
         # Every slot allocates nothing but the growths', set below in their places.
         allocations = [_NOTHING] * len(members)
         next_id = 0
@@ -992,17 +962,61 @@ class KvManager:
             events += shown[step]
             kv_events.append(events)
         self._num_events = events
-        blocks: list[int] = []  # the blocks the stretch caches, in the order of ``cached``
-        for i in range(n):
+        self._cache_all(states, computed, first_visible, visible, cached)
+        return StretchAllocations(allocations, kv_events, [], self.stats(), None)
+
+    def _hear_all(
+        self,
+        states: list[RequestState],
+        tokens: list[array[int] | range],
+        first_visible: list[int],
+        visible: list[int],
+    ) -> list[int] | None:
+        """The at-once paths' (`_stretch_at_once`, `_run_at_once`) appending of every
+        request's new tokens; then the hashes of the blocks each makes visible (from
+        ``first_visible`` up to ``visible``), request by request, or None when one of
+        them is resident or cached twice (caching them at once would not be the same)."""
+        for i in range(len(states)):
+            if len(tokens[i]):
+                states[i].extend(tokens[i])
+        cached: list[int] = []
+        if self._caching:
+            for i in range(len(states)):
+                if visible[i] > first_visible[i]:
+                    extend_runs(cached, slice_runs(states[i].chain, first_visible[i], visible[i]))
+            if cached and (overlapping(cached) or self._pool.any_resident_runs(cached)):
+                return None
+        return cached
+
+    def _admit_all(
+        self, counts: list[int], tails: list[int]
+    ) -> tuple[list[BlockId], list[list[int]]]:
+        """The at-once paths' growths: `BlockPool.admit_each`, which fits (checked)."""
+        taken = self._pool.admit_each(counts, tails)
+        if taken is None:  # unreachable: the total fits
+            raise InvariantViolationError("a decode's admissions did not fit after all")
+        return taken
+
+    def _cache_all(
+        self,
+        states: list[RequestState],
+        computed: list[int],
+        first_visible: list[int],
+        visible: list[int],
+        cached: list[int],
+    ) -> None:
+        """The at-once paths' end: each request's computed count and watermark, and its
+        newly visible blocks cached under ``cached`` (`_hear_all`'s), in one call."""
+        blocks: list[int] = []  # in the order of ``cached``
+        for i in range(len(states)):
             state = states[i]
             state.computed = computed[i]
             if visible[i] > first_visible[i]:
                 extend_runs(blocks, slice_runs(state.table, first_visible[i], visible[i]))
                 state.visible = visible[i]
-        if cached and False in pool.cache_runs(blocks, cached):
+        if cached and False in self._pool.cache_runs(blocks, cached):
             # unreachable: no hash was resident or cached twice
-            raise InvariantViolationError("a stretch cached a hash resident already")
-        return StretchAllocations(allocations, kv_events, [], self.stats(), None)
+            raise InvariantViolationError("a decode cached a hash resident already")
 
     def _cost_marks(self) -> tuple[int, int, int]:
         """What a queued request's `prefill_cost` depends on besides its own tokens: the
