@@ -97,7 +97,7 @@ from kvpool.pool.runs import (
 )
 
 _NO_PREFIX: list[int] = []  # never changed: the chain of an allocation that reuses nothing
-_NO_FLAGS: list[bool] = []  # never changed: no block an allocation cached
+_NO_RUNS: list[int] = []  # never changed: no first copy among the blocks an allocation cached
 _NO_MARKS = (-1, -1, -1)  # the marks of a step that starts with no known cost (unused)
 _NOTHING = Allocation([], 0, [])  # never changed: a slot whose table did not grow
 
@@ -1014,7 +1014,7 @@ class KvManager:
             if visible[i] > first_visible[i]:
                 extend_runs(blocks, slice_runs(state.table, first_visible[i], visible[i]))
                 state.visible = visible[i]
-        if cached and False in self._pool.cache_runs(blocks, cached):
+        if cached and self._pool.cache_runs(blocks, cached) != [0, runs_length(cached)]:
             # unreachable: no hash was resident or cached twice
             raise InvariantViolationError("a decode cached a hash resident already")
 
@@ -1164,7 +1164,7 @@ class KvManager:
         extend_runs(state.table, admission.ids)
         state.num_blocks += runs_length(admission.ids)
         if cache:
-            self._advance(state, num_tokens, grown, admission.stored)
+            self._advance(state, num_tokens, grown, admission.stored, max(full - grown, 0))
         return Allocation(admission.ids, reused, removed)
 
     def undo_allocation(self, request_id: object, allocation: Allocation) -> bool:
@@ -1448,12 +1448,14 @@ class KvManager:
         state: RequestState,
         computed: int,
         fresh: int = -1,
-        stored: list[bool] = _NO_FLAGS,
+        stored: list[int] = _NO_RUNS,
+        stored_count: int = 0,
     ) -> None:
         """Raise the computed count to ``computed`` (checked by the caller: it fits the
         tokens and the table) and cache the full blocks it newly covers; the table's
-        blocks from ``fresh`` on (an allocation's) were cached by the pool already when
-        ``stored`` (their flags) is not empty."""
+        ``stored_count`` blocks from ``fresh`` on (an allocation's) were cached by the
+        pool already, ``stored`` the positions among them of their hashes' first copies
+        (runs: `BlockPool.admit_runs`)."""
         if computed <= state.computed:
             return
         state.computed = computed
@@ -1461,46 +1463,40 @@ class KvManager:
             return
         full = computed // self._block_size
         if full > state.visible:
-            self._promote(state, state.visible, full if not stored else fresh, stored)
+            stop = fresh if stored_count else full
+            self._promote(state, state.visible, stop, stored, stored_count)
             state.visible = full
 
     def _promote(
-        self, state: RequestState, start: int, stop: int, stored: list[bool] = _NO_FLAGS
+        self,
+        state: RequestState,
+        start: int,
+        stop: int,
+        stored: list[int] = _NO_RUNS,
+        stored_count: int = 0,
     ) -> None:
         """Cache table blocks ``[start, stop)``, and queue Stored events for new hashes
-        there and among the ``stored`` blocks after them (cached already, these flags
-        theirs): one event per run of blocks whose hash had no resident copy."""
+        there and among the ``stored_count`` blocks after them (cached already; ``stored``
+        the positions among them of first copies, as runs): one event per run of blocks
+        whose hash had no resident copy."""
         table = state.table
         chain = state.chain
-        if stop - start == 1 and not stored:  # a decode step filling its block: the common case
+        if stop - start == 1 and not stored_count:  # a decode step filling its block
             if self._pool.cache_private(BlockId(run_at(table, start)), run_at(chain, start)):
                 self._stored(state, start, stop)
             return
+        firsts: list[int] = []  # positions from ``start`` of the first copies, as runs
         if stop > start:
-            first = self._pool.cache_runs(
+            firsts = self._pool.cache_runs(
                 slice_runs(table, start, stop), slice_runs(chain, start, stop)
             )
-            if stored:
-                first += stored
-        else:
-            first = stored  # only read below
-        if not self._record_events and False not in first:
-            # No event to build, and the new hashes are one run (a prompt's fresh blocks,
-            # the common case): its one event counted without a loop over the flags.
-            if first:
-                self._num_events += 1
+        for r in range(0, len(stored), 2):
+            add_run(firsts, stored[r] + stop - start, stored[r + 1])
+        if not self._record_events:  # no event to build: each run is one, counted
+            self._num_events += len(firsts) // 2
             return
-        run_start = -1
-        end = start + len(first)
-        for i, new in enumerate(first, start):
-            if new:
-                if run_start < 0:
-                    run_start = i
-            elif run_start >= 0:
-                self._stored(state, run_start, i)
-                run_start = -1
-        if run_start >= 0:
-            self._stored(state, run_start, end)
+        for r in range(0, len(firsts), 2):
+            self._stored(state, start + firsts[r], start + firsts[r] + firsts[r + 1])
 
     def _stored(self, state: RequestState, start: int, stop: int) -> None:
         self._num_events += 1

@@ -343,7 +343,7 @@ class BlockPool:
             admitted.cached,
             admitted.active_cached,
             expand_descents(admitted.removed),
-            admitted.stored,
+            _flags(admitted.stored, max(cast(int, cache) - admitted.cached, 0)),
         )
 
     def admit_runs(
@@ -421,12 +421,12 @@ class BlockPool:
         removed = self._pin_and_reserve(pieces, hits, fresh, 1)
         if removed is None:
             return None
-        stored: list[bool] = []
+        stored: list[int] = []
         if stored_upto > hits:
             # checked: the hashes to cache are ints
             chosen = slice_runs(cast("list[int]", runs), hits, stored_upto)
-            self._new_cached(cast("list[object]", chosen), pieces, stored)
-        self._new_private(fresh - len(stored), pieces, after)
+            stored = self._new_cached(cast("list[object]", chosen), pieces)
+        self._new_private(fresh - max(stored_upto - hits, 0), pieces, after)
         return RunAdmission(pieces, hits, active, removed, stored)
 
     def admit_each(
@@ -538,9 +538,9 @@ class BlockPool:
         self._new_private(1, ids, reservation._last)  # then cached: the reference's order
         block_id = ids[0]
         reservation._last = block_id
-        stored: list[bool] = []
-        self._cache(self._live(block_id), cast(int, block_hash), stored)
-        return BlockId(block_id), stored[0]
+        firsts: list[int] = []
+        self._cache(self._live(block_id), cast(int, block_hash), firsts, 0)
+        return BlockId(block_id), bool(firsts)
 
     def cache_private(self, block_id: object, block_hash: object) -> bool:
         """Make a private copy findable; True iff it is the hash's first resident copy."""
@@ -549,9 +549,9 @@ class BlockPool:
             _already_cached(extent, cast(int, block_id))
         if not _is_hash(block_hash):
             _bad_hash(block_hash)
-        flags: list[bool] = []
-        self._cache(self._carve_one(extent, cast(int, block_id)), cast(int, block_hash), flags)
-        return flags[0]
+        firsts: list[int] = []
+        self._cache(self._carve_one(extent, cast(int, block_id)), cast(int, block_hash), firsts, 0)
+        return bool(firsts)
 
     def cache_many(self, pairs: object) -> list[bool]:
         """`cache_private` for each ``(block_id, hash)`` pair in order, all or nothing.
@@ -569,9 +569,7 @@ class BlockPool:
             self._claim(pair[0], pair[1], seen)
             ids.append(pair[0])
             hashes.append(pair[1])
-        flags: list[bool] = []
-        self._cache_aligned(_runs_of(ids), _runs_of(hashes), flags)
-        return flags
+        return _flags(self._cache_aligned(_runs_of(ids), _runs_of(hashes)), len(ids))
 
     def cache_chain(self, block_ids: object, hashes: object) -> list[bool]:
         """`cache_many` of the pairs ``zip(block_ids, hashes)``, given as two sequences of
@@ -585,34 +583,36 @@ class BlockPool:
             )
         return self._cache_pairs(ids, keys, len(ids))
 
-    def cache_runs(self, block_ids: object, hashes: object) -> list[bool]:
+    def cache_runs(self, block_ids: object, hashes: object) -> list[int]:
         """`cache_chain` of the ids and hashes ``block_ids`` and ``hashes`` hold (each
-        runs of consecutive ints, flat ``first, count`` pairs, of one total length)."""
+        runs of consecutive ints, flat ``first, count`` pairs, of one total length),
+        its flags as runs: the positions of the blocks that are their hash's first
+        resident copy."""
         ids, size = _checked_runs(block_ids, "block_ids")
         keys, length = _checked_runs(hashes, "hashes")
         if size != length:
             raise InvalidArgumentError(f"{size} block ids and {length} hashes: one hash per block")
-        if overlapping(cast("list[int]", ids)):
-            return self._cache_pairs(
+        if overlapping(cast("list[int]", ids)):  # a block named twice: the pair checks say so
+            self._claim_pairs(
                 cast("list[object]", _expand(cast("list[int]", ids))),
                 cast("list[object]", _expand(cast("list[int]", keys))),
                 size,
             )
         self._check_private(ids)
         _check_hashes(keys, 0, length)
-        flags: list[bool] = []
-        self._cache_aligned(ids, keys, flags)
-        return flags
+        return self._cache_aligned(ids, keys)
 
     def _cache_pairs(self, ids: list[object], hashes: list[object], size: int) -> list[bool]:
-        """`cache_chain` of two lists of one length: each pair checked in order
-        (`_claim`), then all cached."""
+        """`cache_chain` of two lists of one length: each pair checked in order, then
+        all cached."""
+        self._claim_pairs(ids, hashes, size)
+        return _flags(self._cache_aligned(_runs_of(ids), _runs_of(hashes)), size)
+
+    def _claim_pairs(self, ids: list[object], hashes: list[object], size: int) -> None:
+        """Each pair of two lists of one length checked in order (`_claim`)."""
         seen: set[object] = set()
         for i in range(size):
             self._claim(ids[i], hashes[i], seen)
-        flags: list[bool] = []
-        self._cache_aligned(_runs_of(ids), _runs_of(hashes), flags)
-        return flags
 
     def _claim(self, block_id: object, block_hash: object, seen: set[object]) -> None:
         """A batch's check of one pair: a live private copy not named before in the batch
@@ -958,11 +958,14 @@ class BlockPool:
             _add_run(ids, extent.id, n)
             fresh -= n
 
-    def _new_cached(self, hashes: list[object], ids: list[int], stored: list[bool]) -> None:
+    def _new_cached(self, hashes: list[object], ids: list[int]) -> list[int]:
         """Spend a reserved unit on a cached copy of each of the checked hashes ``hashes``
-        (runs), in order, each holding one reference; their ids join the runs ``ids``,
-        and ``stored`` gets whether each is its hash's first resident copy. A run of
-        one bucket gets a page of its own at the hashes' offsets: one extent."""
+        (runs), in order, each holding one reference; their ids join the runs ``ids``.
+        Returns the positions of those that are their hash's first resident copy, as
+        runs. A run of one bucket gets a page of its own at the hashes' offsets: one
+        extent."""
+        firsts: list[int] = []
+        position = 0
         for r in range(0, len(hashes), 2):
             key = cast(int, hashes[r])
             left = cast(int, hashes[r + 1])
@@ -978,15 +981,19 @@ class BlockPool:
                 self._reserved -= n
                 self._num_copies += n
                 self._refs += n
-                self._cache(extent, key, stored)
+                position = self._cache(extent, key, firsts, position)
                 _add_run(ids, extent.id, n)
                 left -= n
                 if left:
                     key += n
+        return firsts
 
-    def _cache_aligned(self, ids: list[object], hashes: list[object], flags: list[bool]) -> None:
+    def _cache_aligned(self, ids: list[object], hashes: list[object]) -> list[int]:
         """Cache the checked private copies ``ids`` under ``hashes`` (runs of one total
-        length), pair by pair in order; ``flags`` gets each one's first-copy flag."""
+        length), pair by pair in order; the positions of those that are their hash's
+        first resident copy, as runs."""
+        firsts: list[int] = []
+        position = 0
         h = 0
         key = 0
         left_keys = 0
@@ -1001,22 +1008,26 @@ class BlockPool:
                 n = min(left, left_keys)
                 for extent in self._carve(first, n):
                     size = extent.n  # `_cache` may split it at a bucket's end
-                    self._cache(extent, key, flags)
+                    position = self._cache(extent, key, firsts, position)
                     left_keys -= size
                     if left_keys:  # no addition past a run's last hash (a token hash's)
                         key += size
                 first += n
                 left -= n
+        return firsts
 
-    def _cache(self, extent: Extent, key: int, flags: list[bool]) -> None:
+    def _cache(self, extent: Extent, key: int, firsts: list[int], position: int) -> int:
         """Make the private ``extent`` (carved: no other copy in it) findable under the
-        hashes from ``key`` on, split at bucket ends; ``flags`` gets whether each copy
-        is its hash's first resident copy."""
+        hashes from ``key`` on, split at bucket ends. Its copies are a call's from
+        ``position`` on: ``firsts`` (runs of positions) gets those that are their hash's
+        first resident copy. Returns the position after them."""
         while True:
             if key > _MAX_UNBOXED:
                 rest = self._split(extent, 1) if extent.n > 1 else None
                 alone = self._buckets.get(key)
-                flags.append(alone is None)
+                if alone is None:
+                    _add_run(firsts, position, 1)
+                position += 1
                 if alone is None:
                     self._buckets[key] = extent
                 elif type(alone) is Extent:
@@ -1025,7 +1036,7 @@ class BlockPool:
                     cast("list[Extent]", alone).append(extent)
                 extent.hash = key
                 if rest is None:
-                    return
+                    return position
                 key += 1
                 extent = rest
                 continue
@@ -1035,10 +1046,7 @@ class BlockPool:
             entry = self._buckets.get(bucket_key)
             if entry is None:
                 self._buckets[bucket_key] = extent
-                if extent.n == 1:
-                    flags.append(True)
-                else:
-                    flags.extend([True] * extent.n)
+                _add_run(firsts, position, extent.n)
             else:
                 end = key + extent.n
                 others = _extents(entry)
@@ -1048,19 +1056,20 @@ class BlockPool:
                         overlap = True
                         break
                 if not overlap:
-                    flags.extend([True] * extent.n)
+                    _add_run(firsts, position, extent.n)
                 else:
-                    flags.extend(
-                        not any(o.hash <= k < o.hash + o.n for o in others) for k in range(key, end)
-                    )
+                    for k in range(key, end):
+                        if not any(o.hash <= k < o.hash + o.n for o in others):
+                            _add_run(firsts, position + k - key, 1)
                 if type(entry) is Extent:
                     self._buckets[bucket_key] = [entry, extent]
                 else:
                     cast("list[Extent]", entry).append(extent)
             extent.hash = key
+            position += extent.n
             self._merge_down(extent)
             if rest is None:
-                return
+                return position
             key += extent.n
             extent = rest
 
@@ -1692,3 +1701,12 @@ def _extents(entry: Extent | list[Extent]) -> list[Extent]:
     if type(entry) is Extent:
         return [entry]
     return cast("list[Extent]", entry)
+
+
+def _flags(firsts: list[int], count: int) -> list[bool]:
+    """The runs of positions ``firsts`` as ``count`` flags: a per-block call's answer."""
+    flags = [False] * count
+    for r in range(0, len(firsts), 2):
+        for position in range(firsts[r], firsts[r] + firsts[r + 1]):
+            flags[position] = True
+    return flags

@@ -47,16 +47,17 @@ class Admission(msgspec.Struct, frozen=True, gc=False):
 
 class RunAdmission(msgspec.Struct, frozen=True, gc=False):
     """`BlockPool.admit_runs`' result: an `Admission` whose ``blocks`` are held as runs
-    of consecutive ids (``ids``: flat ``first, count`` pairs, in order) and whose
+    of consecutive ids (``ids``: flat ``first, count`` pairs, in order), whose
     ``removed`` hashes as descending runs (flat ``top, count`` pairs: ``top, top - 1,
-    ...``, `kvpool.pool.runs.add_descent`), so that a request's first allocation builds
-    no list of its blocks."""
+    ...``, `kvpool.pool.runs.add_descent`) and whose ``stored`` flags as runs of the
+    positions (0 the first fresh block) that are set, so that a request's first
+    allocation builds no list of its blocks."""
 
     ids: list[int]
     cached: int
     active_cached: int
     removed: list[int]
-    stored: list[bool] = []
+    stored: list[int] = []
 
 
 @mypyc_attr(acyclic=True)  # refers to its pool; nothing refers back

@@ -115,6 +115,13 @@ def _push_ids_past(limit: int) -> None:
 SEEDS = st.integers(0, 2**32)
 
 
+def _flags(firsts: list[int], count: int) -> list[bool]:
+    """A range form's first-copy positions (runs) as a per-block call's flags."""
+    positions = set(expand(firsts))
+    assert all(0 <= p < count for p in positions)
+    return [p in positions for p in range(count)]
+
+
 def _same(
     seed: int,
     per_block: Callable[[BlockPool, list[list[int]]], object],
@@ -178,7 +185,7 @@ def test_admit_runs_is_admit(ids: str, seed: int, pick: int) -> None:
             admission.cached,
             admission.active_cached,
             admission.removed,
-            (admission.stored),
+            admission.stored,
         )
 
     def ranged(pool: BlockPool, _: object) -> object:
@@ -191,7 +198,7 @@ def test_admit_runs_is_admit(ids: str, seed: int, pick: int) -> None:
             admission.cached,
             admission.active_cached,
             expand_descents(admission.removed),
-            admission.stored,
+            _flags(admission.stored, max(cache - admission.cached, 0)),
         )
 
     _same(seed, per_block, ranged)
@@ -213,7 +220,9 @@ def test_cache_runs_is_cache_chain(ids: str, seed: int, pick: int) -> None:
 
     def ranged(pool: BlockPool, _: object) -> object:
         fresh = private(pool)
-        return None if fresh is None else pool.cache_runs(runs_of(fresh), runs_of(chain))
+        if fresh is None:
+            return None
+        return _flags(pool.cache_runs(runs_of(fresh), runs_of(chain)), len(chain))
 
     _same(seed, per_block, ranged)
 
