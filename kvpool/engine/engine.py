@@ -537,7 +537,7 @@ class MockEngine:
         start = plan.step_ends[last - 1] if last else 0
         for k in range(start, plan.step_ends[last]):
             request = running[plan.members[k]]
-            request.num_sent = plan.targets[k] - request.spec.input_length
+            request.num_sent = plan.targets[k] - request.prompt_length
         self._preempted = []
         self._step_events = [
             event for group, events in result.events if group == last for event in events

@@ -47,11 +47,9 @@ def apply_step(
             last = request.last_token_s
             same_gap = 1
         request.last_token_s = now
-        spec = request.spec
-        output_length = spec.output.length
         request.num_output += 1
         stats.generated_tokens += 1
-        if request.num_output < output_length:
+        if request.num_output < request.output_length:
             request.num_tokens += 1
             continue
         updates.append(StepUpdate(request.request_id, [], -1, True))
@@ -172,11 +170,10 @@ def _finish(
 
 def _finished(request: EngineRequest, stats: EngineStats, now: float, rank: int) -> None:
     """``request`` sampled its last token at ``now``: its finish, stats and record."""
-    spec = request.spec
-    output_length = spec.output.length
+    output_length = request.output_length
     request.finish_s = now
     stats.completed += 1
-    stats.prompt_tokens += spec.input_length
+    stats.prompt_tokens += request.prompt_length
     stats.latency_s.append(now - request.arrival_s)
     if output_length > 1:
         first_token_s = request.first_token_s

@@ -32,7 +32,7 @@ def decode_growth(running: list[EngineRequest], block_size: int, finishing: bool
         tokens = request.num_tokens
         if not request.is_decoding:
             return -1
-        if request.spec.output.length - request.num_output - 1 < last:
+        if request.output_length - request.num_output - 1 < last:
             return -1
         if request.num_blocks * block_size - tokens + 1 == 0:
             grows += 1
@@ -155,7 +155,7 @@ def plan_jump(
         tokens = request.num_tokens
         if not request.is_decoding:
             return plan  # a prefill chunk, or recomputing
-        left = request.spec.output.length - request.num_output - 1
+        left = request.output_length - request.num_output - 1
         if left < last:
             return plan
         lefts.append(left)
@@ -224,7 +224,7 @@ def plan_jump(
             for index in members:
                 request = running[index]
                 target = request.num_tokens + step
-                told = target - request.spec.input_length
+                told = target - request.prompt_length
                 if told < sent[index]:
                     raise RuntimeError(f"{request.request_id}: the manager heard of more tokens")
                 slot_members.append(index)
@@ -283,10 +283,9 @@ def _stretch(running: list[EngineRequest], plan: DecodeJump, sent: list[int]) ->
             member = position[index] = len(request_ids)
             request = running[index]
             since = request.num_sent
-            output = request.spec.output
             request_ids.append(request.request_id)
             new_tokens.append(
-                segment_span(output.seed, output.length, since, sent[index])
+                segment_span(request.output_seed, request.output_length, since, sent[index])
                 if since < sent[index]
                 else _NO_TOKENS
             )
