@@ -452,14 +452,16 @@ class MockEngine:
             # before it: finishing changes no admission, and the free is the one call
             # the finishing step would make after its allocations (`_finish_jump`).
             finishing = not waiting
-            # Planned only once the first step is known to be one the jump may take:
-            # a plan the head's admission then refuses would be thrown away whole.
-            growing = decode_growth(running, bs, finishing)
-            if growing < 0 or self._num_active + growing > config.num_gpu_blocks:
-                return 0
             head: EngineRequest | None = None
             cost: PrefillCost | None = None
             if admits:
+                # Planned only once the first step is known to be one the jump may take:
+                # a plan the head's admission then refuses would be thrown away whole.
+                # (With nobody to admit, the plan finds that out itself: it takes no
+                # step then.)
+                growing = decode_growth(running, bs, finishing)
+                if growing < 0 or self._num_active + growing > config.num_gpu_blocks:
+                    return 0
                 # The head's admission is asked after the step's allocations: with the
                 # blocks the next step's growth takes, and (prefix caching) at a cost
                 # the jump watches, stopping at the step that changes it.
@@ -536,7 +538,7 @@ class MockEngine:
             self._apply_jump(before, result)
         start = plan.step_ends[last - 1] if last else 0
         for k in range(start, plan.step_ends[last]):
-            request = running[plan.members[k]]
+            request = running[plan.indexes[plan.members[k]]]
             request.num_sent = plan.targets[k] - request.prompt_length
         self._preempted = []
         self._step_events = [
@@ -544,7 +546,7 @@ class MockEngine:
         ]
         scheduled = dict.fromkeys(running, 1)
         for k in range(start, plan.step_ends[last]):
-            self._grant(running[plan.members[k]], result.allocations[k])
+            self._grant(running[plan.indexes[plan.members[k]]], result.allocations[k])
         read_counters(self.stats, result.stats)
         await self._admit(scheduled, config.max_num_batched_tokens - len(running))
         await self._execute(scheduled)

@@ -97,6 +97,7 @@ def apply_jump(
     the free's) and its usage sample come after the free, so they are left out here."""
     grown = active
     members = plan.members
+    indexes = plan.indexes
     groups = len(plan.step_ends)
     if groups:
         if result is None:
@@ -104,12 +105,13 @@ def apply_jump(
         allocations = result.allocations
         for k in range(len(members)):
             blocks = len(allocations[k].block_ids)
-            running[members[k]].num_blocks += blocks
+            running[indexes[members[k]]].num_blocks += blocks
             grown += blocks
     if grown != plan.active:
         raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
-    for request, num_sent in zip(running, plan.sent, strict=True):
-        request.num_sent = num_sent
+    sent = plan.sent
+    for place in range(len(indexes)):
+        running[indexes[place]].num_sent = sent[place]
     n = len(running)
     taken = plan.taken
     stats.busy_s = plan.busy
