@@ -64,13 +64,27 @@ def _advance_decodes(
     running: list[EngineRequest], stats: EngineStats, taken: int, first_end: float, end: float
 ) -> None:
     """Move every running request ``taken`` decode steps on: the first ended at
-    ``first_end`` (its inter-token gap is each request's own), the last at ``end``."""
+    ``first_end`` (its inter-token gap is each request's own), the last at ``end``.
+    Requests that sampled last at the same time (all but the newest, mostly: they
+    decoded together) have the same first gap, counted once for all of them in a row
+    (`apply_step`'s rule: the same counts, first seen in the same order)."""
+    same = 0  # requests in a row that sampled last at ``last``
+    last = 0.0
     for request in running:
-        stats.record_itl(first_end - request.last_token_s)
+        sampled = request.last_token_s
+        if same and sampled == last:
+            same += 1
+        else:
+            if same:
+                stats.record_itl(first_end - last, same)
+            last = sampled
+            same = 1
         request.num_output += taken
         request.num_tokens += taken
         request.num_computed += taken
         request.last_token_s = end
+    if same:
+        stats.record_itl(first_end - last, same)
 
 
 def apply_jump(
@@ -142,19 +156,28 @@ def apply_jump(
     kv_events = result.kv_events
     events = result.events
     pending = 0  # the next entry of ``events`` (by group, in order)
+    # each group's usage sample, recorded together after the loop (nothing in it reads
+    # the samples): one array extension each, not four appends a group
+    times: list[float] = []
+    usages: list[float] = []
+    group_ends = plan.group_ends
+    group_steps = plan.group_steps
+    group_active = plan.group_active
     for group in range(groups):
-        end = plan.group_ends[group]
+        end = group_ends[group]
         stats.kv_events = kv_events[group]
         queued: list[KVEvent] = []
         if pending < len(events) and events[pending][0] == group:
             queued = events[pending][1]
             pending += 1
-        if plan.group_steps[group] == last_sampled:
+        if group_steps[group] == last_sampled:
             held = queued  # a finishing jump's last step: batched after its free
             break
         if close_batch(stats) and queued:
             batches.append((end, queued))
-        stats.record_sample(end, plan.group_active[group] / capacity, queries, hits)
+        times.append(end)
+        usages.append(group_active[group] / capacity)
+    stats.record_samples(times, usages, queries, hits)
     return batches, held
 
 

@@ -80,6 +80,36 @@ class EngineStats:
         self.query_samples.append(queries)
         self.hit_samples.append(hits)
 
+    def record_samples(
+        self, times: list[float], usages: list[float], queries: int, hits: int
+    ) -> None:
+        """`record_sample` of each ``(times[i], usages[i])`` in order, all with the same
+        counters: the samples of a jump's steps. What is kept goes into the arrays in one
+        ``fromlist`` each, not one method call and item conversion per value (an
+        ``array.append`` from compiled code is a generic method call: several hundred
+        instructions)."""
+        values = self.usage
+        # the last kept sample's usage, and whether the counters equal its counters
+        has_last = bool(values)
+        last = values[-1] if has_last else 0.0
+        same = has_last and self.query_samples[-1] == queries and self.hit_samples[-1] == hits
+        kept_times: list[float] = []
+        kept_usages: list[float] = []
+        for i in range(len(times)):
+            usage = usages[i]
+            if same and usage == last:
+                continue
+            kept_times.append(times[i])
+            kept_usages.append(usage)
+            last = usage
+            same = True
+        if kept_times:
+            kept = len(kept_times)
+            self.sample_times.fromlist(kept_times)
+            values.fromlist(kept_usages)
+            self.query_samples.fromlist([queries] * kept)
+            self.hit_samples.fromlist([hits] * kept)
+
     def record_itl(self, gap: float, count: int = 1) -> None:
         """Count ``count`` inter-token gaps of ``gap`` seconds."""
         counts = self.itl_counts
