@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from array import array
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
@@ -184,15 +185,20 @@ def held_durations(times: Sequence[float], end: float) -> list[float]:
     until ``end`` (never negative); none for no samples (an engine that never stepped)."""
     if not times:
         return []
-    return [max(0.0, later - now) for now, later in zip(times, [*times[1:], end], strict=True)]
+    at = list(times)  # an array's values boxed once, in C, not item by item here
+    held: list[float] = []
+    for i in range(1, len(at)):
+        step = at[i] - at[i - 1]
+        held.append(step if step > 0.0 else 0.0)  # max(0.0, step), NaN and -0.0 included
+    last = end - at[-1]
+    held.append(last if last > 0.0 else 0.0)
+    return held
 
 
 def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
     """The mean of ``values`` weighted by ``weights``; plain mean if they sum to 0."""
-    total = math.fsum(weights)
-    if total <= 0:
-        return mean(values)
-    return math.fsum(v * w for v, w in zip(values, weights, strict=True)) / total
+    mean_of, _ = _weighted(values, weights, [])
+    return mean_of
 
 
 def weighted_percentiles(
@@ -202,32 +208,70 @@ def weighted_percentiles(
     lies at or below (0.0 for no values); with weights summing to 0, the unweighted
     `percentile`. One pass over the samples for all of them (a run's usage samples
     number one per step or jump: summed by level once, not once per ``q``)."""
+    _, answers = _weighted(values, weights, qs, with_mean=False)
+    return answers
+
+
+def weighted_summary(
+    values: Sequence[float], weights: Sequence[float], qs: Sequence[float]
+) -> tuple[float, list[float], float]:
+    """`weighted_mean`, `weighted_percentiles` of ``qs`` and the largest value (0.0 for
+    none) of the same samples, the weights summed once (a report asks all three of
+    100,000 usage samples)."""
+    mean_of, answers = _weighted(values, weights, qs)
+    return mean_of, answers, max(values, default=0.0)
+
+
+def _weighted(
+    values: Sequence[float], weights: Sequence[float], qs: Sequence[float], with_mean: bool = True
+) -> tuple[float, list[float]]:
+    """`weighted_mean` (0.0 without ``with_mean``) and `weighted_percentiles` of ``qs``.
+
+    The sums are exactly the definitions': ``math.fsum`` is correctly rounded whatever
+    the order, and each level's weight is added up in sample order, from 0.0."""
     total = math.fsum(weights)
     if total <= 0:
         ordered = sorted(values)
-        return [percentile_of_sorted(ordered, q) for q in qs]
-    by_value: dict[float, float] = {}  # few distinct levels (a usage is active / capacity)
+        return mean(values) if with_mean else 0.0, [percentile_of_sorted(ordered, q) for q in qs]
+    if len(values) != len(weights):
+        raise ValueError("values and weights differ in length")
+    # the products and their sum in C (map, fsum), each product rounded as v * w rounds
+    mean_of = math.fsum(map(operator.mul, values, weights)) / total if with_mean else 0.0
+    if not qs:
+        return mean_of, []
+    # few distinct levels (a usage is active / capacity): each level's running sum is
+    # kept in ``sums`` at the place ``place_of`` gives it (one dict lookup a sample)
+    place_of: dict[float, int] = {}
+    sums: list[float] = []
     for value, weight in zip(values, weights, strict=True):
-        by_value[value] = by_value.get(value, 0.0) + weight
-    levels = sorted(by_value)
+        place = place_of.get(value, -1)
+        if place < 0:
+            place_of[value] = len(sums)
+            sums.append(0.0 + weight)
+        else:
+            sums[place] += weight
+    levels = sorted(place_of)
+    level_sums = [sums[place_of[value]] for value in levels]
     # The running weight at each level: the same sums, in the same order, for every q.
     running: list[float] = []
     seen = 0.0
-    for value in levels:
-        seen += by_value[value]
+    for weight in level_sums:
+        seen += weight
         running.append(seen)
     answers: list[float] = []
     for q in qs:
         target = total * q / 100.0
-        answer: float | None = None
+        found = False
+        answer = 0.0
         for i in range(len(levels)):
-            if running[i] >= target and by_value[levels[i]] > 0:
+            if running[i] >= target and level_sums[i] > 0:
                 answer = levels[i]
+                found = True
                 break
-        if answer is None:
-            answer = max(value for value, weight in by_value.items() if weight > 0)
+        if not found:
+            answer = max(value for value, place in place_of.items() if sums[place] > 0)
         answers.append(answer)
-    return answers
+    return mean_of, answers
 
 
 def read_counters(stats: EngineStats, counters: ManagerStats) -> None:

@@ -1,4 +1,5 @@
 """`weighted_percentiles`: every q from one pass, equal to the definition asked per q.
+`weighted_summary`: the mean, percentiles and maximum, each as defined alone.
 `EngineStats.record_samples`: the samples `record_sample` one at a time would keep."""
 
 from __future__ import annotations
@@ -8,7 +9,13 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvpool.engine.metrics import EngineStats, percentile, weighted_percentiles
+from kvpool.engine.metrics import (
+    EngineStats,
+    mean,
+    percentile,
+    weighted_percentiles,
+    weighted_summary,
+)
 
 
 def _one(values: list[float], weights: list[float], q: float) -> float:
@@ -76,3 +83,19 @@ def test_record_samples_keeps_what_record_sample_keeps(
     assert many.usage == one.usage
     assert many.query_samples == one.query_samples
     assert many.hit_samples == one.hit_samples
+
+
+@given(st.lists(st.tuples(levels, durations), max_size=40))
+def test_weighted_summary_is_each_figure_alone(samples: list[tuple[float, float]]) -> None:
+    values = [value for value, _ in samples]
+    weights = [weight for _, weight in samples]
+    total = math.fsum(weights)
+    expected_mean = (
+        math.fsum(v * w for v, w in zip(values, weights, strict=True)) / total
+        if total > 0
+        else mean(values)
+    )
+    got_mean, got_qs, got_max = weighted_summary(values, weights, (50, 90, 99))
+    assert got_mean == expected_mean
+    assert got_qs == [_one(values, weights, q) for q in (50, 90, 99)]
+    assert got_max == max(values, default=0.0)
