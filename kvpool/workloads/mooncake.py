@@ -29,14 +29,13 @@ import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from functools import lru_cache
-from itertools import repeat
 from pathlib import Path
 from typing import IO
 
 import msgspec
 
 from kvpool.errors import TraceError
-from kvpool.workloads.spec import RequestSpec, Segment, mix_seed
+from kvpool.workloads.spec import RequestSpec, Segment, mix_seed, seed_mixer
 from kvpool.workloads.trace_source import STDIN, open_lines, source_name, spool_stdin
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -154,7 +153,7 @@ def _iter_checked(
             f"trace block size must be an int >= 1, got {trace_block_size!r}", source=source
         )
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if not line or line.isspace():  # blank: what strip() would empty, not copied
             continue
         record = _decode(line, source, number)
         request = _to_request(record, source, number, trace_block_size)
@@ -205,10 +204,8 @@ class MooncakeTrace:
                 )
             yield from held
             return
-        with self._lines() as lines:
-            yield from iter_mooncake_lines(
-                lines, source=self.source, trace_block_size=self.trace_block_size
-            )
+        with self._lines() as lines:  # iter_mooncake_lines', one generator fewer a request
+            yield from _iter_checked(lines, self.source, self.trace_block_size, None)
 
     def __enter__(self) -> MooncakeTrace:
         return self
@@ -265,44 +262,76 @@ def _prompt_segment(hash_id: int, length: int) -> Segment:
     return Segment(mix_seed(_PROMPT_DOMAIN, hash_id), length)
 
 
+_SEGMENTS_HELD = 1 << 16
+"""Most whole-block segments `_Segments` holds (then it starts afresh), as `_prompt_segment`."""
+
+
+class _Segments(dict[int, Segment]):
+    """`_prompt_segment` of whole blocks of one size, by hash id: a plain dict (a
+    prompt's ids are looked up by a C map over its ``__getitem__``, not one cached call
+    each), each missing id's segment made once. Bounded: cleared past `_SEGMENTS_HELD`."""
+
+    __slots__ = ("block_size",)
+
+    def __init__(self, block_size: int) -> None:
+        super().__init__()
+        self.block_size = block_size
+
+    def __missing__(self, hash_id: int) -> Segment:
+        segment = self[hash_id] = _prompt_segment(hash_id, self.block_size)
+        return segment
+
+
+_whole_blocks: dict[int, _Segments] = {}  # by trace block size
+_output_seed = seed_mixer(_OUTPUT_DOMAIN)  # mix_seed(_OUTPUT_DOMAIN, line number)
+
+
 def _to_request(record: MooncakeRecord, source: str, number: int, block_size: int) -> RequestSpec:
     def fail(message: str) -> TraceError:
         return TraceError(message, source=source, line=number)
 
-    if isinstance(record.timestamp, bool) or not math.isfinite(record.timestamp):
-        raise fail(f"timestamp must be a finite number of ms, got {record.timestamp!r}")
-    if record.timestamp < 0:
-        raise fail(f"timestamp must be >= 0 ms, got {record.timestamp}")
-    if record.timestamp > MAX_TIMESTAMP_MS:
+    timestamp = record.timestamp
+    if isinstance(timestamp, bool) or not math.isfinite(timestamp):
+        raise fail(f"timestamp must be a finite number of ms, got {timestamp!r}")
+    if timestamp < 0:
+        raise fail(f"timestamp must be >= 0 ms, got {timestamp}")
+    if timestamp > MAX_TIMESTAMP_MS:
+        raise fail(f"timestamp must be <= {MAX_TIMESTAMP_MS:.0e} ms (31 years), got {timestamp}")
+    input_length = record.input_length
+    output_length = record.output_length
+    if not (1 <= input_length <= MAX_TRACE_TOKENS and 1 <= output_length <= MAX_TRACE_TOKENS):
+        for name, length in (("input_length", input_length), ("output_length", output_length)):
+            if length < 1:
+                raise fail(f"{name} must be >= 1, got {length}")
+            if length > MAX_TRACE_TOKENS:
+                raise fail(f"{name} must be <= 2**30 tokens, got {length}")
+    expected = -(-input_length // block_size)
+    ids = record.hash_ids
+    if len(ids) != expected:
         raise fail(
-            f"timestamp must be <= {MAX_TIMESTAMP_MS:.0e} ms (31 years), got {record.timestamp}"
-        )
-    for name in ("input_length", "output_length"):
-        length = getattr(record, name)
-        if length < 1:
-            raise fail(f"{name} must be >= 1, got {length}")
-        if length > MAX_TRACE_TOKENS:
-            raise fail(f"{name} must be <= 2**30 tokens, got {length}")
-    expected = -(-record.input_length // block_size)
-    if len(record.hash_ids) != expected:
-        raise fail(
-            f"hash_ids holds {len(record.hash_ids)} ids but input_length "
-            f"{record.input_length} needs {expected} (one per {block_size} tokens; "
+            f"hash_ids holds {len(ids)} ids but input_length "
+            f"{input_length} needs {expected} (one per {block_size} tokens; "
             "see --trace-block-size)"
         )
-    ids = record.hash_ids  # not empty: input_length >= 1
+    # not empty: input_length >= 1
     if min(ids) < 0 or max(ids) > _MAX_ID:
         bad = next(hash_id for hash_id in ids if not 0 <= hash_id <= _MAX_ID)
         raise fail(f"hash_ids must be ints in [0, 2**64), got {bad}")
-    last = record.input_length - (expected - 1) * block_size
+    whole = _whole_blocks.get(block_size)
+    if whole is None or len(whole) > _SEGMENTS_HELD:
+        whole = _whole_blocks[block_size] = _Segments(block_size)
     # Every block but the last is whole: one map over the ids, no per-id branch.
-    prompt = (
-        *map(_prompt_segment, ids[:-1], repeat(block_size, expected - 1)),
-        _prompt_segment(ids[-1], last),
-    )
-    return RequestSpec(
-        request_id=f"line-{number}",
-        arrival_s=record.timestamp / 1000.0,
-        prompt=prompt,
-        output=Segment(mix_seed(_OUTPUT_DOMAIN, number), record.output_length),
+    last = input_length - (expected - 1) * block_size
+    if last == block_size:
+        prompt = tuple(map(whole.__getitem__, ids))
+    else:
+        prompt = (*map(whole.__getitem__, ids[:-1]), _prompt_segment(ids[-1], last))
+    # What RequestSpec's construction checks is checked above, and the prompt holds
+    # input_length tokens: (expected - 1) whole blocks and the last.
+    return RequestSpec.checked(
+        f"line-{number}",
+        timestamp / 1000.0,
+        prompt,
+        Segment(_output_seed(number), output_length),
+        input_length,
     )
