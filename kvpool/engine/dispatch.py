@@ -16,6 +16,8 @@ which gives it each worker's `WorkerLoad` as of now and its KV events through a 
 each engine's sink, stamped with the simulated end of their step, all through
 `kvpool.routing.Delivery`, so the router sees nothing before simulated time reaches it
 (event batches ``event_delay_s`` later still).
+
+setup.py compiles this module with mypyc, with the loops that call it at every arrival.
 """
 
 from __future__ import annotations
