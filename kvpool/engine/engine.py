@@ -84,6 +84,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import Final
 
 import msgspec
 from mypy_extensions import mypyc_attr
@@ -112,7 +113,7 @@ from kvpool.manager import (
 )
 from kvpool.workloads import RequestSpec
 
-_UNBOUNDED = 1 << 62
+_UNBOUNDED: Final = 1 << 62
 """A step count no jump reaches."""
 
 

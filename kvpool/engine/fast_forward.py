@@ -9,6 +9,9 @@ setup.py compiles this module with mypyc.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
+
+from mypy_extensions import i64
 
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.timing import StepTiming
@@ -17,6 +20,7 @@ from kvpool.manager.types import DecodeStretch
 from kvpool.workloads.tokens import segment_span
 
 _NONE: list[int] = []  # never changed: a plan's slot lists until its first slot
+_NEVER: Final = 1 << 62  # a step no jump reaches
 _NO_ENDS: list[float] = []  # never changed: a plan's group ends until its first slot
 _NO_TOKENS = range(0)  # the new tokens of a request no slot of a stretch names
 
@@ -157,8 +161,13 @@ def plan_jump(
     token is never computed, so they take part in that step's slots as any other).
     """
     plan = DecodeJump(clock, active)
-    n = len(running)
-    steps_max = -1
+    # The counts below are machine words (i64): a jump's steps, a few requests, a block
+    # size. Compiled, each comparison and addition is then one instruction, not a
+    # tagged int's checks (the step loop runs once per step jumped: 432,000 on the
+    # multi-turn trace).
+    n: i64 = len(running)
+    bs: i64 = block_size
+    steps_max: i64 = -1
     context = 0
     # A request's table grows every block_size steps from its first growth, and with
     # caching a block fills every block_size steps from its first fill: the requests
@@ -167,13 +176,13 @@ def plan_jump(
     # its fill's), sorted: by residue, then in running order.
     keys: list[int] = []
     finishing = finishing and cross_boundaries
-    last = 0 if finishing else 1  # the fewest tokens a request may have left to sample
+    last: i64 = 0 if finishing else 1  # the fewest tokens a request may have left to sample
     for index in range(n):
         request = running[index]
-        tokens = request.num_tokens
+        tokens: i64 = request.num_tokens
         if not request.is_decoding:
             return plan  # a prefill chunk, or recomputing
-        left = request.output_length - request.num_output - 1
+        left: i64 = request.output_length - request.num_output - 1
         if left < last:
             return plan
         if steps_max < 0 or left < steps_max:
@@ -182,45 +191,45 @@ def plan_jump(
         # step s computes token num_tokens + s - 1: the table grows once that passes its
         # slots (grow >= 0: the table holds the computed tokens), and with caching a
         # block fills when it ends one
-        grow = (request.num_blocks * block_size - tokens + 1) % block_size
+        grow: i64 = (request.num_blocks * bs - tokens + 1) % bs
         keys.append(grow * n + index)
         if caching:
-            fill = -tokens % block_size
+            fill: i64 = -tokens % bs
             if fill != grow:
                 keys.append(fill * n + index)
     keys.sort()
-    num_keys = len(keys)
-    position = 0  # the first key of ``next_event``'s residue
+    num_keys: i64 = len(keys)
+    position: i64 = 0  # the first key of ``next_event``'s residue
     duration = timing.duration(decode_work(n, context, active, capacity, block_size))
     gaps = plan.gaps
     # Consecutive steps mostly end with the same gap: it is counted here and added to
     # ``gaps`` when another follows (first-seen order kept), not boxed into the dict
     # once per step.
     last_gap = 0.0
-    last_count = 0
-    step = 0
+    last_count: i64 = 0
+    step: i64 = 0
     # Step ``left`` is the one in which a request samples its last token.
     final_step = steps_max
     if finishing:
         steps_max += 1
     if max_steps < steps_max:
         steps_max = max_steps
+    opened = False  # whether the plan has lists of its own for slots (`open_slots`)
     # running index -> its place in the plan's ``indexes`` (-1: no slot yet)
     places: list[int] = _NONE
     # The next step whose residue lists a request (one that may grow or fill then): the
     # steps before it build nothing, only the clock and the gaps.
-    never = 1 << 62
-    next_event = keys[0] // n if num_keys else never
+    next_event: i64 = keys[0] // n if num_keys else _NEVER
     while step < steps_max and clock < until:
-        slots = 0
-        grows = 0
+        slots: i64 = 0
+        grows: i64 = 0
         if step == next_event:
-            residue = keys[position] // n
+            residue: i64 = keys[position] // n
             end = position
             # which listed requests grow or fill now (none: their first is still to come)
             while True:
                 index = keys[end] - residue * n
-                slot = _slot(running[index], step, block_size, caching)
+                slot = _slot(running[index], step, bs, caching)
                 if slot:
                     slots += 1
                     if slot == 2:
@@ -233,18 +242,19 @@ def plan_jump(
             if grows and active + grows > capacity:
                 break  # a growth would not fit: the step preempts
             if slots:
-                if places is _NONE:
+                if not opened:
                     places = [-1] * n
                     plan.open_slots()
+                    opened = True
                 for key in range(position, end):
                     index = keys[key] - residue * n
                     request = running[index]
-                    if _slot(request, step, block_size, caching):
+                    if _slot(request, step, bs, caching):
                         _add_slot(plan, places, index, request, step)
                 active += grows
             position = end if end < num_keys else 0
-            following = keys[position] // n - residue
-            next_event = step + (following if following > 0 else following + block_size)
+            following: i64 = keys[position] // n - residue
+            next_event = step + (following if following > 0 else following + bs)
         if (varies and step) or (grows and usage_matters):
             work = decode_work(n, context + step * n, active, capacity, block_size)
             duration = timing.duration(work)
@@ -277,7 +287,7 @@ def plan_jump(
             for index in range(n)
             if running[index].output_length - running[index].num_output - 1 == final_step
         ]
-    if places is not _NONE:
+    if opened:
         plan.stretch = _stretch(running, plan)
     plan.clock = clock
     plan.busy = busy
@@ -285,11 +295,11 @@ def plan_jump(
     return plan
 
 
-def _slot(request: EngineRequest, step: int, block_size: int, caching: bool) -> int:
+def _slot(request: EngineRequest, step: i64, block_size: i64, caching: bool) -> i64:
     """Whether ``request``'s table grows in step ``step`` of a jump from now (2), a
     block of it fills then (1, with ``caching``), or neither (0)."""
-    tokens = request.num_tokens
-    grow = request.num_blocks * block_size - tokens + 1
+    tokens: i64 = request.num_tokens
+    grow: i64 = request.num_blocks * block_size - tokens + 1
     if step >= grow and (step - grow) % block_size == 0:
         return 2
     if caching and (step + tokens) % block_size == 0:
