@@ -163,6 +163,7 @@ def apply_jump(
     group_ends = plan.group_ends
     group_steps = plan.group_steps
     group_active = plan.group_active
+    last_active = -1
     for group in range(groups):
         end = group_ends[group]
         stats.kv_events = kv_events[group]
@@ -175,8 +176,11 @@ def apply_jump(
             break
         if close_batch(stats) and queued:
             batches.append((end, queued))
-        times.append(end)
-        usages.append(group_active[group] / capacity)
+        after = group_active[group]
+        if after != last_active:  # a group that only fills blocks repeats the usage
+            times.append(end)
+            usages.append(after / capacity)
+            last_active = after
     stats.record_samples(times, usages, queries, hits)
     return batches, held
 

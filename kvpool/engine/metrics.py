@@ -89,27 +89,38 @@ class EngineStats:
         ``fromlist`` each, not one method call and item conversion per value (an
         ``array.append`` from compiled code is a generic method call: several hundred
         instructions)."""
+        count = len(times)
+        start = 0  # the first sample that differs from the arrays' last one
         values = self.usage
-        # the last kept sample's usage, and whether the counters equal its counters
-        has_last = bool(values)
-        last = values[-1] if has_last else 0.0
-        same = has_last and self.query_samples[-1] == queries and self.hit_samples[-1] == hits
-        kept_times: list[float] = []
-        kept_usages: list[float] = []
-        for i in range(len(times)):
-            usage = usages[i]
-            if same and usage == last:
-                continue
-            kept_times.append(times[i])
-            kept_usages.append(usage)
-            last = usage
-            same = True
-        if kept_times:
-            kept = len(kept_times)
-            self.sample_times.fromlist(kept_times)
-            values.fromlist(kept_usages)
-            self.query_samples.fromlist([queries] * kept)
-            self.hit_samples.fromlist([hits] * kept)
+        if values and self.query_samples[-1] == queries and self.hit_samples[-1] == hits:
+            last = values[-1]
+            while start < count and usages[start] == last:
+                start += 1
+        if start == count:
+            return
+        # After it a sample is dropped when it equals the one before it (which, dropped
+        # or not, equals the last kept). A caller that drops its own repeats (apply_jump)
+        # hands over lists kept whole: nothing is copied, no float boxed again.
+        repeats = False
+        for i in range(start + 1, count):
+            if usages[i] == usages[i - 1]:
+                repeats = True
+                break
+        if repeats:
+            kept_times = [times[start]]
+            kept_usages = [usages[start]]
+            for i in range(start + 1, count):
+                if usages[i] != usages[i - 1]:
+                    kept_times.append(times[i])
+                    kept_usages.append(usages[i])
+        else:
+            kept_times = times[start:] if start else times
+            kept_usages = usages[start:] if start else usages
+        kept = len(kept_times)
+        self.sample_times.fromlist(kept_times)
+        values.fromlist(kept_usages)
+        self.query_samples.fromlist([queries] * kept)
+        self.hit_samples.fromlist([hits] * kept)
 
     def record_itl(self, gap: float, count: int = 1) -> None:
         """Count ``count`` inter-token gaps of ``gap`` seconds."""
