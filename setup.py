@@ -31,6 +31,7 @@ CORE = [
     "kvpool/manager/request.py",
     "kvpool/manager/validation.py",
     "kvpool/workloads/tokens.py",
+    "kvpool/workloads/trace_rows.py",
 ]
 
 ext_modules = []

@@ -24,7 +24,6 @@ line, each time it is iterated.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -35,23 +34,16 @@ from typing import IO
 import msgspec
 
 from kvpool.errors import TraceError
-from kvpool.workloads.spec import RequestSpec, Segment, mix_seed, seed_mixer
+from kvpool.workloads.spec import RequestSpec, Segment, mix_seed
+from kvpool.workloads.trace_rows import MAX_TIMESTAMP_MS as MAX_TIMESTAMP_MS
+from kvpool.workloads.trace_rows import MAX_TRACE_TOKENS as MAX_TRACE_TOKENS
+from kvpool.workloads.trace_rows import line_request
 from kvpool.workloads.trace_source import STDIN, open_lines, source_name, spool_stdin
 
 MOONCAKE_BLOCK_SIZE = 512
 """Tokens per hash id in the published Mooncake traces."""
 
-MAX_TIMESTAMP_MS = 1e12
-"""Latest timestamp a trace may hold: about 31.7 years. Beyond it the simulated clock (a
-float of seconds) could no longer resolve a microsecond step."""
-
-MAX_TRACE_TOKENS = 1 << 30
-"""Longest prompt or output a trace may ask for (about a billion tokens, a thousand times
-today's longest context windows): more is a corrupt line, not a request."""
-
-_MAX_ID = (1 << 64) - 1
-_PROMPT_DOMAIN = 1  # keeps prompt seeds apart from output seeds
-_OUTPUT_DOMAIN = 2
+_PROMPT_DOMAIN = 1  # keeps prompt seeds apart from output seeds (domain 2)
 
 
 class MooncakeRecord(msgspec.Struct, forbid_unknown_fields=True):
@@ -262,76 +254,21 @@ def _prompt_segment(hash_id: int, length: int) -> Segment:
     return Segment(mix_seed(_PROMPT_DOMAIN, hash_id), length)
 
 
-_SEGMENTS_HELD = 1 << 16
-"""Most whole-block segments `_Segments` holds (then it starts afresh), as `_prompt_segment`."""
-
-
-class _Segments(dict[int, Segment]):
-    """`_prompt_segment` of whole blocks of one size, by hash id: a plain dict (a
-    prompt's ids are looked up by a C map over its ``__getitem__``, not one cached call
-    each), each missing id's segment made once. Bounded: cleared past `_SEGMENTS_HELD`."""
-
-    __slots__ = ("block_size",)
-
-    def __init__(self, block_size: int) -> None:
-        super().__init__()
-        self.block_size = block_size
-
-    def __missing__(self, hash_id: int) -> Segment:
-        segment = self[hash_id] = _prompt_segment(hash_id, self.block_size)
-        return segment
-
-
-_whole_blocks: dict[int, _Segments] = {}  # by trace block size
-_output_seed = seed_mixer(_OUTPUT_DOMAIN)  # mix_seed(_OUTPUT_DOMAIN, line number)
+_whole_blocks: dict[int, dict[int, Segment]] = {}  # by trace block size: id -> segment
 
 
 def _to_request(record: MooncakeRecord, source: str, number: int, block_size: int) -> RequestSpec:
-    def fail(message: str) -> TraceError:
-        return TraceError(message, source=source, line=number)
-
-    timestamp = record.timestamp
-    if isinstance(timestamp, bool) or not math.isfinite(timestamp):
-        raise fail(f"timestamp must be a finite number of ms, got {timestamp!r}")
-    if timestamp < 0:
-        raise fail(f"timestamp must be >= 0 ms, got {timestamp}")
-    if timestamp > MAX_TIMESTAMP_MS:
-        raise fail(f"timestamp must be <= {MAX_TIMESTAMP_MS:.0e} ms (31 years), got {timestamp}")
-    input_length = record.input_length
-    output_length = record.output_length
-    if not (1 <= input_length <= MAX_TRACE_TOKENS and 1 <= output_length <= MAX_TRACE_TOKENS):
-        for name, length in (("input_length", input_length), ("output_length", output_length)):
-            if length < 1:
-                raise fail(f"{name} must be >= 1, got {length}")
-            if length > MAX_TRACE_TOKENS:
-                raise fail(f"{name} must be <= 2**30 tokens, got {length}")
-    expected = -(-input_length // block_size)
-    ids = record.hash_ids
-    if len(ids) != expected:
-        raise fail(
-            f"hash_ids holds {len(ids)} ids but input_length "
-            f"{input_length} needs {expected} (one per {block_size} tokens; "
-            "see --trace-block-size)"
-        )
-    # not empty: input_length >= 1
-    if min(ids) < 0 or max(ids) > _MAX_ID:
-        bad = next(hash_id for hash_id in ids if not 0 <= hash_id <= _MAX_ID)
-        raise fail(f"hash_ids must be ints in [0, 2**64), got {bad}")
     whole = _whole_blocks.get(block_size)
-    if whole is None or len(whole) > _SEGMENTS_HELD:
-        whole = _whole_blocks[block_size] = _Segments(block_size)
-    # Every block but the last is whole: one map over the ids, no per-id branch.
-    last = input_length - (expected - 1) * block_size
-    if last == block_size:
-        prompt = tuple(map(whole.__getitem__, ids))
-    else:
-        prompt = (*map(whole.__getitem__, ids[:-1]), _prompt_segment(ids[-1], last))
-    # What RequestSpec's construction checks is checked above, and the prompt holds
-    # input_length tokens: (expected - 1) whole blocks and the last.
-    return RequestSpec.checked(
-        f"line-{number}",
-        timestamp / 1000.0,
-        prompt,
-        Segment(_output_seed(number), output_length),
-        input_length,
+    if whole is None:
+        whole = _whole_blocks[block_size] = {}
+    return line_request(
+        record.timestamp,
+        record.input_length,
+        record.output_length,
+        record.hash_ids,
+        source,
+        number,
+        block_size,
+        whole,
+        _prompt_segment,
     )
