@@ -1,5 +1,6 @@
 """Build hook: compile the block-pool core, the request-level KV manager and the engine (its
-scheduler, step bookkeeping and `MockEngine` itself) with mypyc (2-3x cheaper pool calls; see
+scheduler, step bookkeeping, `MockEngine` itself and the loop that drives it: `EngineLoop`,
+the simulation's `Arrivals`, dispatch and hooks) with mypyc (2-3x cheaper pool calls; see
 benchmarks/README.md for the manager's and the engine's gain).
 
 Set KVPOOL_PURE_PYTHON=1 to skip compilation; the same modules then run interpreted.
@@ -23,10 +24,15 @@ CORE = [
     "kvpool/engine/fast_forward.py",
     "kvpool/engine/execution.py",
     "kvpool/engine/engine.py",
+    "kvpool/engine/arrivals.py",
+    "kvpool/engine/dispatch.py",
+    "kvpool/engine/loop.py",
+    "kvpool/engine/simulation.py",
     "kvpool/manager/kv_manager.py",
     "kvpool/manager/request.py",
     "kvpool/manager/validation.py",
     "kvpool/workloads/tokens.py",
+    "kvpool/workloads/trace_rows.py",
 ]
 
 ext_modules = []

@@ -16,6 +16,8 @@ Either way a session's later turns are sent ``delay_s`` after the turn before se
 so a multi-turn workload reacts to the engines: the simulation tells `Arrivals` every
 request that settles (`settled`) and must not step an engine past a moment at which a
 request may still be released (`reactive`).
+
+setup.py compiles this module with mypyc, with the loop that asks it at every turn.
 """
 
 from __future__ import annotations

@@ -10,12 +10,14 @@ plug-in), whose contract `kvpool.routing.policy` states. `make_policy` turns a
 calls: ``choose`` at each arrival, ``changed`` after a worker's load changed (an accepted
 submit, a step that finished a request), ``settled`` for each finished or rejected
 request. The two plain policies get a dispatcher of their own that reads no
-`WorkerLoad` (least-loaded from a heap of loads in O(log n), round-robin from a
-counter), with the same choices as the policy objects; a router gets `RoutedDispatch`,
-which gives it each worker's `WorkerLoad` as of now and its KV events through a tap on
-each engine's sink, stamped with the simulated end of their step, all through
-`kvpool.routing.Delivery`, so the router sees nothing before simulated time reaches it
-(event batches ``event_delay_s`` later still).
+`WorkerLoad` (least-loaded from a heap of loads in O(log n), or always the one engine
+there is; round-robin from a counter), with the same choices as the policy objects; a
+router gets `RoutedDispatch`, which gives it each worker's `WorkerLoad` as of now and its
+KV events through a tap on each engine's sink, stamped with the simulated end of their
+step, all through `kvpool.routing.Delivery`, so the router sees nothing before simulated
+time reaches it (event batches ``event_delay_s`` later still).
+
+setup.py compiles this module with mypyc, with the loops that call it at every arrival.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def bind(
 ) -> Dispatcher:
     """The `Dispatcher` that runs ``policy`` over ``engines``."""
     if type(policy) is LeastLoaded:
-        return _LoadHeap(engines)
+        # the least loaded of one engine is that engine: no load to keep
+        return _Cycle(1) if len(engines) == 1 else _LoadHeap(engines)
     if type(policy) is RoundRobin:
         return _Cycle(len(engines))
     return RoutedDispatch(policy, engines, event_delay_s=event_delay_s)

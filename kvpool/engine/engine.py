@@ -84,6 +84,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import Final
 
 import msgspec
 from mypy_extensions import mypyc_attr
@@ -113,7 +114,7 @@ from kvpool.manager import (
 from kvpool.pool.runs import runs_length
 from kvpool.workloads import RequestSpec
 
-_UNBOUNDED = 1 << 62
+_UNBOUNDED: Final = 1 << 62
 """A step count no jump reaches."""
 
 
@@ -453,14 +454,16 @@ class MockEngine:
             # before it: finishing changes no admission, and the free is the one call
             # the finishing step would make after its allocations (`_finish_jump`).
             finishing = not waiting
-            # Planned only once the first step is known to be one the jump may take:
-            # a plan the head's admission then refuses would be thrown away whole.
-            growing = decode_growth(running, bs, finishing)
-            if growing < 0 or self._num_active + growing > config.num_gpu_blocks:
-                return 0
             head: EngineRequest | None = None
             cost: PrefillCost | None = None
             if admits:
+                # Planned only once the first step is known to be one the jump may take:
+                # a plan the head's admission then refuses would be thrown away whole.
+                # (With nobody to admit, the plan finds that out itself: it takes no
+                # step then.)
+                growing = decode_growth(running, bs, finishing)
+                if growing < 0 or self._num_active + growing > config.num_gpu_blocks:
+                    return 0
                 # The head's admission is asked after the step's allocations: with the
                 # blocks the next step's growth takes, and (prefix caching) at a cost
                 # the jump watches, stopping at the step that changes it.
@@ -537,15 +540,15 @@ class MockEngine:
             self._apply_jump(before, result)
         start = plan.step_ends[last - 1] if last else 0
         for k in range(start, plan.step_ends[last]):
-            request = running[plan.members[k]]
-            request.num_sent = plan.targets[k] - request.spec.input_length
+            request = running[plan.indexes[plan.members[k]]]
+            request.num_sent = plan.targets[k] - request.prompt_length
         self._preempted = []
         self._step_events = [
             event for group, events in result.events if group == last for event in events
         ]
         scheduled = dict.fromkeys(running, 1)
         for k in range(start, plan.step_ends[last]):
-            self._grant(running[plan.members[k]], result.allocations[k])
+            self._grant(running[plan.indexes[plan.members[k]]], result.allocations[k])
         read_counters(self.stats, result.stats)
         await self._admit(scheduled, config.max_num_batched_tokens - len(running))
         await self._execute(scheduled)

@@ -48,11 +48,9 @@ def apply_step(
             last = request.last_token_s
             same_gap = 1
         request.last_token_s = now
-        spec = request.spec
-        output_length = spec.output.length
         request.num_output += 1
         stats.generated_tokens += 1
-        if request.num_output < output_length:
+        if request.num_output < request.output_length:
             request.num_tokens += 1
             continue
         updates.append(StepUpdate(request.request_id, [], -1, True))
@@ -67,13 +65,27 @@ def _advance_decodes(
     running: list[EngineRequest], stats: EngineStats, taken: int, first_end: float, end: float
 ) -> None:
     """Move every running request ``taken`` decode steps on: the first ended at
-    ``first_end`` (its inter-token gap is each request's own), the last at ``end``."""
+    ``first_end`` (its inter-token gap is each request's own), the last at ``end``.
+    Requests that sampled last at the same time (all but the newest, mostly: they
+    decoded together) have the same first gap, counted once for all of them in a row
+    (`apply_step`'s rule: the same counts, first seen in the same order)."""
+    same = 0  # requests in a row that sampled last at ``last``
+    last = 0.0
     for request in running:
-        stats.record_itl(first_end - request.last_token_s)
+        sampled = request.last_token_s
+        if same and sampled == last:
+            same += 1
+        else:
+            if same:
+                stats.record_itl(first_end - last, same)
+            last = sampled
+            same = 1
         request.num_output += taken
         request.num_tokens += taken
         request.num_computed += taken
         request.last_token_s = end
+    if same:
+        stats.record_itl(first_end - last, same)
 
 
 def apply_jump(
@@ -100,6 +112,7 @@ def apply_jump(
     the free's) and its usage sample come after the free, so they are left out here."""
     grown = active
     members = plan.members
+    indexes = plan.indexes
     groups = len(plan.step_ends)
     if groups:
         if result is None:
@@ -107,12 +120,13 @@ def apply_jump(
         allocations = result.allocations
         for k in range(len(members)):
             blocks = runs_length(allocations[k].block_runs)
-            running[members[k]].num_blocks += blocks
+            running[indexes[members[k]]].num_blocks += blocks
             grown += blocks
     if grown != plan.active:
         raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
-    for request, num_sent in zip(running, plan.sent, strict=True):
-        request.num_sent = num_sent
+    sent = plan.sent
+    for place in range(len(indexes)):
+        running[indexes[place]].num_sent = sent[place]
     n = len(running)
     taken = plan.taken
     stats.busy_s = plan.busy
@@ -143,19 +157,32 @@ def apply_jump(
     kv_events = result.kv_events
     events = result.events
     pending = 0  # the next entry of ``events`` (by group, in order)
+    # each group's usage sample, recorded together after the loop (nothing in it reads
+    # the samples): one array extension each, not four appends a group
+    times: list[float] = []
+    usages: list[float] = []
+    group_ends = plan.group_ends
+    group_steps = plan.group_steps
+    group_active = plan.group_active
+    last_active = -1
     for group in range(groups):
-        end = plan.group_ends[group]
+        end = group_ends[group]
         stats.kv_events = kv_events[group]
         queued: list[KVEvent] = []
         if pending < len(events) and events[pending][0] == group:
             queued = events[pending][1]
             pending += 1
-        if plan.group_steps[group] == last_sampled:
+        if group_steps[group] == last_sampled:
             held = queued  # a finishing jump's last step: batched after its free
             break
         if close_batch(stats) and queued:
             batches.append((end, queued))
-        stats.record_sample(end, plan.group_active[group] / capacity, queries, hits)
+        after = group_active[group]
+        if after != last_active:  # a group that only fills blocks repeats the usage
+            times.append(end)
+            usages.append(after / capacity)
+            last_active = after
+    stats.record_samples(times, usages, queries, hits)
     return batches, held
 
 
@@ -173,11 +200,10 @@ def _finish(
 
 def _finished(request: EngineRequest, stats: EngineStats, now: float, rank: int) -> None:
     """``request`` sampled its last token at ``now``: its finish, stats and record."""
-    spec = request.spec
-    output_length = spec.output.length
+    output_length = request.output_length
     request.finish_s = now
     stats.completed += 1
-    stats.prompt_tokens += spec.input_length
+    stats.prompt_tokens += request.prompt_length
     stats.latency_s.append(now - request.arrival_s)
     if output_length > 1:
         first_token_s = request.first_token_s

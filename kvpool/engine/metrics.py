@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from array import array
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
@@ -80,6 +81,47 @@ class EngineStats:
         self.query_samples.append(queries)
         self.hit_samples.append(hits)
 
+    def record_samples(
+        self, times: list[float], usages: list[float], queries: int, hits: int
+    ) -> None:
+        """`record_sample` of each ``(times[i], usages[i])`` in order, all with the same
+        counters: the samples of a jump's steps. What is kept goes into the arrays in one
+        ``fromlist`` each, not one method call and item conversion per value (an
+        ``array.append`` from compiled code is a generic method call: several hundred
+        instructions)."""
+        count = len(times)
+        start = 0  # the first sample that differs from the arrays' last one
+        values = self.usage
+        if values and self.query_samples[-1] == queries and self.hit_samples[-1] == hits:
+            last = values[-1]
+            while start < count and usages[start] == last:
+                start += 1
+        if start == count:
+            return
+        # After it a sample is dropped when it equals the one before it (which, dropped
+        # or not, equals the last kept). A caller that drops its own repeats (apply_jump)
+        # hands over lists kept whole: nothing is copied, no float boxed again.
+        repeats = False
+        for i in range(start + 1, count):
+            if usages[i] == usages[i - 1]:
+                repeats = True
+                break
+        if repeats:
+            kept_times = [times[start]]
+            kept_usages = [usages[start]]
+            for i in range(start + 1, count):
+                if usages[i] != usages[i - 1]:
+                    kept_times.append(times[i])
+                    kept_usages.append(usages[i])
+        else:
+            kept_times = times[start:] if start else times
+            kept_usages = usages[start:] if start else usages
+        kept = len(kept_times)
+        self.sample_times.fromlist(kept_times)
+        values.fromlist(kept_usages)
+        self.query_samples.fromlist([queries] * kept)
+        self.hit_samples.fromlist([hits] * kept)
+
     def record_itl(self, gap: float, count: int = 1) -> None:
         """Count ``count`` inter-token gaps of ``gap`` seconds."""
         counts = self.itl_counts
@@ -154,15 +196,20 @@ def held_durations(times: Sequence[float], end: float) -> list[float]:
     until ``end`` (never negative); none for no samples (an engine that never stepped)."""
     if not times:
         return []
-    return [max(0.0, later - now) for now, later in zip(times, [*times[1:], end], strict=True)]
+    at = list(times)  # an array's values boxed once, in C, not item by item here
+    held: list[float] = []
+    for i in range(1, len(at)):
+        step = at[i] - at[i - 1]
+        held.append(step if step > 0.0 else 0.0)  # max(0.0, step), NaN and -0.0 included
+    last = end - at[-1]
+    held.append(last if last > 0.0 else 0.0)
+    return held
 
 
 def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
     """The mean of ``values`` weighted by ``weights``; plain mean if they sum to 0."""
-    total = math.fsum(weights)
-    if total <= 0:
-        return mean(values)
-    return math.fsum(v * w for v, w in zip(values, weights, strict=True)) / total
+    mean_of, _ = _weighted(values, weights, [])
+    return mean_of
 
 
 def weighted_percentiles(
@@ -172,32 +219,70 @@ def weighted_percentiles(
     lies at or below (0.0 for no values); with weights summing to 0, the unweighted
     `percentile`. One pass over the samples for all of them (a run's usage samples
     number one per step or jump: summed by level once, not once per ``q``)."""
+    _, answers = _weighted(values, weights, qs, with_mean=False)
+    return answers
+
+
+def weighted_summary(
+    values: Sequence[float], weights: Sequence[float], qs: Sequence[float]
+) -> tuple[float, list[float], float]:
+    """`weighted_mean`, `weighted_percentiles` of ``qs`` and the largest value (0.0 for
+    none) of the same samples, the weights summed once (a report asks all three of
+    100,000 usage samples)."""
+    mean_of, answers = _weighted(values, weights, qs)
+    return mean_of, answers, max(values, default=0.0)
+
+
+def _weighted(
+    values: Sequence[float], weights: Sequence[float], qs: Sequence[float], with_mean: bool = True
+) -> tuple[float, list[float]]:
+    """`weighted_mean` (0.0 without ``with_mean``) and `weighted_percentiles` of ``qs``.
+
+    The sums are exactly the definitions': ``math.fsum`` is correctly rounded whatever
+    the order, and each level's weight is added up in sample order, from 0.0."""
     total = math.fsum(weights)
     if total <= 0:
         ordered = sorted(values)
-        return [percentile_of_sorted(ordered, q) for q in qs]
-    by_value: dict[float, float] = {}  # few distinct levels (a usage is active / capacity)
+        return mean(values) if with_mean else 0.0, [percentile_of_sorted(ordered, q) for q in qs]
+    if len(values) != len(weights):
+        raise ValueError("values and weights differ in length")
+    # the products and their sum in C (map, fsum), each product rounded as v * w rounds
+    mean_of = math.fsum(map(operator.mul, values, weights)) / total if with_mean else 0.0
+    if not qs:
+        return mean_of, []
+    # few distinct levels (a usage is active / capacity): each level's running sum is
+    # kept in ``sums`` at the place ``place_of`` gives it (one dict lookup a sample)
+    place_of: dict[float, int] = {}
+    sums: list[float] = []
     for value, weight in zip(values, weights, strict=True):
-        by_value[value] = by_value.get(value, 0.0) + weight
-    levels = sorted(by_value)
+        place = place_of.get(value, -1)
+        if place < 0:
+            place_of[value] = len(sums)
+            sums.append(0.0 + weight)
+        else:
+            sums[place] += weight
+    levels = sorted(place_of)
+    level_sums = [sums[place_of[value]] for value in levels]
     # The running weight at each level: the same sums, in the same order, for every q.
     running: list[float] = []
     seen = 0.0
-    for value in levels:
-        seen += by_value[value]
+    for weight in level_sums:
+        seen += weight
         running.append(seen)
     answers: list[float] = []
     for q in qs:
         target = total * q / 100.0
-        answer: float | None = None
+        found = False
+        answer = 0.0
         for i in range(len(levels)):
-            if running[i] >= target and by_value[levels[i]] > 0:
+            if running[i] >= target and level_sums[i] > 0:
                 answer = levels[i]
+                found = True
                 break
-        if answer is None:
-            answer = max(value for value, weight in by_value.items() if weight > 0)
+        if not found:
+            answer = max(value for value, place in place_of.items() if sums[place] > 0)
         answers.append(answer)
-    return answers
+    return mean_of, answers
 
 
 def read_counters(stats: EngineStats, counters: ManagerStats) -> None:

@@ -17,8 +17,7 @@ from kvpool.engine.metrics import (
     percentile_of_counts,
     percentile_of_sorted,
     sum_of_counts,
-    weighted_mean,
-    weighted_percentiles,
+    weighted_summary,
 )
 from kvpool.engine.routing_report import RoutingSummary, routing_lines
 from kvpool.manager import PoolUsage
@@ -63,14 +62,8 @@ class Distribution(msgspec.Struct, frozen=True):
     def over_time(cls, values: Sequence[float], durations: Sequence[float]) -> Distribution:
         """Summarise a level that held ``values[i]`` for ``durations[i]``: the time-weighted
         mean, the levels not exceeded 50% and 99% of the time, and the maximum."""
-        p50, p90, p99 = weighted_percentiles(values, durations, (50, 90, 99))
-        return cls(
-            mean=weighted_mean(values, durations),
-            p50=p50,
-            p90=p90,
-            p99=p99,
-            max=max(values, default=0.0),
-        )
+        mean_of, (p50, p90, p99), largest = weighted_summary(values, durations, (50, 90, 99))
+        return cls(mean=mean_of, p50=p50, p90=p90, p99=p99, max=largest)
 
 
 class WorkerReport(msgspec.Struct, frozen=True):
@@ -157,14 +150,23 @@ def worker_report(
     run, up to which each engine's last usage sample holds; ``sla`` the goodput targets.
     """
     until = clock if end is None else end
-    usage = array("d")
-    held = array("d")
-    itl: dict[float, int] = {}
-    for s in stats:
-        usage.extend(s.usage)
-        held.extend(held_durations(s.sample_times, until))
-        for gap, count in s.itl_counts.items():
-            itl[gap] = itl.get(gap, 0) + count
+    usage: Sequence[float]
+    held: Sequence[float]
+    itl: Mapping[float, int]
+    if len(stats) == 1:  # one engine's samples as they are: nothing to pool
+        usage = stats[0].usage
+        held = held_durations(stats[0].sample_times, until)
+        itl = stats[0].itl_counts
+    else:
+        usage = pooled_usage = array("d")
+        held = pooled_held = array("d")
+        pooled_itl: dict[float, int] = {}
+        itl = pooled_itl
+        for s in stats:
+            pooled_usage.extend(s.usage)
+            pooled_held.extend(held_durations(s.sample_times, until))
+            for gap, count in s.itl_counts.items():
+                pooled_itl[gap] = pooled_itl.get(gap, 0) + count
 
     def total(name: str) -> int:
         return sum(getattr(s, name) for s in stats)

@@ -26,6 +26,9 @@ class EngineRequest:
     the spec), so a decode step stores no token.
     ``first_scheduled_s``, ``cached_tokens`` (summed over admissions) and
     ``last_token_s`` (for the inter-token gaps) feed its `RequestRecord`.
+    ``prompt_length``, ``output_length`` and ``output_seed`` are the spec's, copied once
+    as machine words: the per-step loops read them for every running request, and
+    through the spec each read is two attribute lookups on interpreted objects.
     """
 
     __slots__ = (
@@ -41,6 +44,9 @@ class EngineRequest:
         "num_preemptions",
         "num_sent",
         "num_tokens",
+        "output_length",
+        "output_seed",
+        "prompt_length",
         "request_id",
         "spec",
     )
@@ -49,7 +55,11 @@ class EngineRequest:
         self.spec = spec
         self.request_id = spec.request_id
         self.arrival_s = arrival_s
-        self.num_tokens = spec.input_length
+        self.prompt_length = spec.input_length
+        output = spec.output
+        self.output_length = output.length
+        self.output_seed = output.seed
+        self.num_tokens = self.prompt_length
         self.num_computed = 0
         self.num_blocks = 0
         self.num_output = 0
@@ -71,19 +81,17 @@ class EngineRequest:
     @property
     def has_pending(self) -> bool:
         """True if the request generated tokens the KV manager has not been told."""
-        return self.num_sent < self.num_tokens - self.spec.input_length
+        return self.num_sent < self.num_tokens - self.prompt_length
 
     def take_pending(self) -> range | list[int]:
         """The generated tokens the KV manager has not been told, now counted as told: a
         ``range`` (a run: no token is built unless the manager keeps tokens), or the
         list when the ids wrap past ``2**32``."""
-        start, self.num_sent = self.num_sent, self.num_tokens - self.spec.input_length
-        output = self.spec.output
-        return segment_span(output.seed, output.length, start, self.num_sent)
+        start, self.num_sent = self.num_sent, self.num_tokens - self.prompt_length
+        return segment_span(self.output_seed, self.output_length, start, self.num_sent)
 
     def record(self, worker: int, *, rejected: bool = False) -> RequestRecord:
         """The request's `RequestRecord` as of now."""
-        spec = self.spec
         return RequestRecord(
             request_id=self.request_id,
             worker=worker,
@@ -91,8 +99,8 @@ class EngineRequest:
             first_scheduled_s=self.first_scheduled_s,
             first_token_s=self.first_token_s,
             finish_s=self.finish_s,
-            prompt_tokens=spec.input_length,
-            output_tokens=spec.output_length,
+            prompt_tokens=self.prompt_length,
+            output_tokens=self.output_length,
             cached_tokens=self.cached_tokens,
             preemptions=self.num_preemptions,
             rejected=rejected,

@@ -21,7 +21,7 @@ def step_work(
             decode_seqs += 1
         else:
             prefill_tokens += num_new
-        prompt = request.spec.input_length
+        prompt = request.prompt_length
         if before < prompt:  # prompt tokens computed (Dynamo's prefill batch)
             prefill_requests += 1
             prompt_start += before

@@ -24,12 +24,10 @@ line, each time it is iterated.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from functools import lru_cache
-from itertools import repeat
 from pathlib import Path
 from typing import IO
 
@@ -37,22 +35,15 @@ import msgspec
 
 from kvpool.errors import TraceError
 from kvpool.workloads.spec import RequestSpec, Segment, mix_seed
+from kvpool.workloads.trace_rows import MAX_TIMESTAMP_MS as MAX_TIMESTAMP_MS
+from kvpool.workloads.trace_rows import MAX_TRACE_TOKENS as MAX_TRACE_TOKENS
+from kvpool.workloads.trace_rows import line_request
 from kvpool.workloads.trace_source import STDIN, open_lines, source_name, spool_stdin
 
 MOONCAKE_BLOCK_SIZE = 512
 """Tokens per hash id in the published Mooncake traces."""
 
-MAX_TIMESTAMP_MS = 1e12
-"""Latest timestamp a trace may hold: about 31.7 years. Beyond it the simulated clock (a
-float of seconds) could no longer resolve a microsecond step."""
-
-MAX_TRACE_TOKENS = 1 << 30
-"""Longest prompt or output a trace may ask for (about a billion tokens, a thousand times
-today's longest context windows): more is a corrupt line, not a request."""
-
-_MAX_ID = (1 << 64) - 1
-_PROMPT_DOMAIN = 1  # keeps prompt seeds apart from output seeds
-_OUTPUT_DOMAIN = 2
+_PROMPT_DOMAIN = 1  # keeps prompt seeds apart from output seeds (domain 2)
 
 
 class MooncakeRecord(msgspec.Struct, forbid_unknown_fields=True):
@@ -154,7 +145,7 @@ def _iter_checked(
             f"trace block size must be an int >= 1, got {trace_block_size!r}", source=source
         )
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if not line or line.isspace():  # blank: what strip() would empty, not copied
             continue
         record = _decode(line, source, number)
         request = _to_request(record, source, number, trace_block_size)
@@ -205,10 +196,8 @@ class MooncakeTrace:
                 )
             yield from held
             return
-        with self._lines() as lines:
-            yield from iter_mooncake_lines(
-                lines, source=self.source, trace_block_size=self.trace_block_size
-            )
+        with self._lines() as lines:  # iter_mooncake_lines', one generator fewer a request
+            yield from _iter_checked(lines, self.source, self.trace_block_size, None)
 
     def __enter__(self) -> MooncakeTrace:
         return self
@@ -265,44 +254,21 @@ def _prompt_segment(hash_id: int, length: int) -> Segment:
     return Segment(mix_seed(_PROMPT_DOMAIN, hash_id), length)
 
 
-def _to_request(record: MooncakeRecord, source: str, number: int, block_size: int) -> RequestSpec:
-    def fail(message: str) -> TraceError:
-        return TraceError(message, source=source, line=number)
+_whole_blocks: dict[int, dict[int, Segment]] = {}  # by trace block size: id -> segment
 
-    if isinstance(record.timestamp, bool) or not math.isfinite(record.timestamp):
-        raise fail(f"timestamp must be a finite number of ms, got {record.timestamp!r}")
-    if record.timestamp < 0:
-        raise fail(f"timestamp must be >= 0 ms, got {record.timestamp}")
-    if record.timestamp > MAX_TIMESTAMP_MS:
-        raise fail(
-            f"timestamp must be <= {MAX_TIMESTAMP_MS:.0e} ms (31 years), got {record.timestamp}"
-        )
-    for name in ("input_length", "output_length"):
-        length = getattr(record, name)
-        if length < 1:
-            raise fail(f"{name} must be >= 1, got {length}")
-        if length > MAX_TRACE_TOKENS:
-            raise fail(f"{name} must be <= 2**30 tokens, got {length}")
-    expected = -(-record.input_length // block_size)
-    if len(record.hash_ids) != expected:
-        raise fail(
-            f"hash_ids holds {len(record.hash_ids)} ids but input_length "
-            f"{record.input_length} needs {expected} (one per {block_size} tokens; "
-            "see --trace-block-size)"
-        )
-    ids = record.hash_ids  # not empty: input_length >= 1
-    if min(ids) < 0 or max(ids) > _MAX_ID:
-        bad = next(hash_id for hash_id in ids if not 0 <= hash_id <= _MAX_ID)
-        raise fail(f"hash_ids must be ints in [0, 2**64), got {bad}")
-    last = record.input_length - (expected - 1) * block_size
-    # Every block but the last is whole: one map over the ids, no per-id branch.
-    prompt = (
-        *map(_prompt_segment, ids[:-1], repeat(block_size, expected - 1)),
-        _prompt_segment(ids[-1], last),
-    )
-    return RequestSpec(
-        request_id=f"line-{number}",
-        arrival_s=record.timestamp / 1000.0,
-        prompt=prompt,
-        output=Segment(mix_seed(_OUTPUT_DOMAIN, number), record.output_length),
+
+def _to_request(record: MooncakeRecord, source: str, number: int, block_size: int) -> RequestSpec:
+    whole = _whole_blocks.get(block_size)
+    if whole is None:
+        whole = _whole_blocks[block_size] = {}
+    return line_request(
+        record.timestamp,
+        record.input_length,
+        record.output_length,
+        record.hash_ids,
+        source,
+        number,
+        block_size,
+        whole,
+        _prompt_segment,
     )

@@ -9,6 +9,7 @@ a trace of thousands of long prompts never sits in memory as token lists.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import attrgetter
@@ -20,6 +21,8 @@ from kvpool.workloads.tokens import TOKEN_MASK, segment_token_array, segment_tok
 
 _U64 = (1 << 64) - 1
 _LENGTH = attrgetter("length")
+_new = object.__new__
+_set = object.__setattr__  # a frozen dataclass's fields are set as its __init__ sets them
 
 
 class Segment(NamedTuple):
@@ -53,6 +56,25 @@ def mix_seed(*parts: int) -> int:
     return (h ^ (h >> 32)) & TOKEN_MASK
 
 
+def seed_mixer(*prefix: int) -> Callable[[int], int]:
+    """``mix_seed(*prefix, part)`` as a function of ``part``: the prefix's rounds are
+    done once here, so each call makes the last round only (a trace reader seeds every
+    request's output from its line number under one domain)."""
+    start = 0x9E3779B97F4A7C15
+    for part in prefix:
+        start = (start ^ (part & _U64)) * 0xBF58476D1CE4E5B9 & _U64
+        start = (start ^ (start >> 31)) * 0x94D049BB133111EB & _U64
+        start ^= start >> 29
+
+    def mix(part: int) -> int:
+        h = (start ^ (part & _U64)) * 0xBF58476D1CE4E5B9 & _U64
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _U64
+        h ^= h >> 29
+        return (h ^ (h >> 32)) & TOKEN_MASK
+
+    return mix
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """One request of a workload.
@@ -80,6 +102,27 @@ class RequestSpec:
         if self.arrival_s < 0:
             raise ValueError(f"request {self.request_id}: arrival must be >= 0")
         object.__setattr__(self, "input_length", length)
+
+    @classmethod
+    def checked(
+        cls,
+        request_id: str,
+        arrival_s: float,
+        prompt: tuple[Segment, ...],
+        output: Segment,
+        input_length: int,
+    ) -> RequestSpec:
+        """The spec of a caller that has checked what construction checks (no negative
+        segment length, a prompt of ``input_length`` >= 1 tokens, an output of >= 1
+        and an arrival >= 0) and knows the prompt's length: a trace reader, whose record
+        states it. Spares the second reading of every segment that construction makes."""
+        spec = _new(cls)
+        _set(spec, "request_id", request_id)
+        _set(spec, "arrival_s", arrival_s)
+        _set(spec, "prompt", prompt)
+        _set(spec, "output", output)
+        _set(spec, "input_length", input_length)
+        return spec
 
     @property
     def output_length(self) -> int:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import sys
 from array import array
+from typing import Final
 
 from kvpool.hashing import TOKEN_TYPECODE
 
-TOKEN_MASK = (1 << 32) - 1
+TOKEN_MASK: Final = (1 << 32) - 1
 """Token ids are u32."""
-_RUN_MAX = 4096  # longest run `segment_token_array` builds arithmetically
+_RUN_MAX: Final = 4096  # longest run `segment_token_array` builds arithmetically
 _RAMP = array(TOKEN_TYPECODE, range(_RUN_MAX)).tobytes()  # 0, 1, 2, ... as native u32
 _ONES = array(TOKEN_TYPECODE, [1] * _RUN_MAX).tobytes()
-_LITTLE = sys.byteorder == "little"
+_LITTLE: Final = sys.byteorder == "little"
 
 
 def segment_tokens(seed: int, length: int, start: int, stop: int) -> list[int]:

@@ -22,9 +22,11 @@ from kvpool.workloads import (
     SyntheticWorkload,
     TraceWarning,
     default_workload,
+    mix_seed,
     parse_mooncake_lines,
     read_mooncake_trace,
 )
+from kvpool.workloads.spec import seed_mixer
 from kvpool.workloads.tokens import segment_token_array, segment_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,6 +147,26 @@ def test_mooncake_records_become_requests_with_shared_prefixes() -> None:
     # equal ids, equal tokens: the first 512 tokens are shared, the next are not
     assert early.prompt_token_ids()[:512] == late.prompt_token_ids()[:512]
     assert early.prompt_token_ids()[512:600] != late.prompt_token_ids()[512:600]
+
+
+def test_a_read_request_equals_the_one_built_and_checked_from_its_fields() -> None:
+    # the reader builds its specs with RequestSpec.checked (the record states the
+    # prompt's length): each must equal the spec constructed, and checked, afresh
+    lines = [
+        record(timestamp=2500, input_length=1100, output_length=3, hash_ids=[7, 8, 9]),
+        record(timestamp=0.5, input_length=1024, output_length=1, hash_ids=[7, 8]),
+        record(timestamp=7, input_length=1, output_length=2, hash_ids=[2**64 - 1]),
+    ]
+    for request in parse_mooncake_lines(lines, source="t.jsonl"):
+        built = RequestSpec(request.request_id, request.arrival_s, request.prompt, request.output)
+        assert request == built
+        assert request.input_length == built.input_length
+        assert request.output.seed == mix_seed(2, int(request.request_id.removeprefix("line-")))
+
+
+@given(st.lists(st.integers(-(2**70), 2**70), max_size=3), st.integers(-(2**70), 2**70))
+def test_a_seed_mixer_is_mix_seed_with_its_prefix(prefix: list[int], part: int) -> None:
+    assert seed_mixer(*prefix)(part) == mix_seed(*prefix, part)
 
 
 def test_requests_come_out_in_timestamp_order() -> None:
