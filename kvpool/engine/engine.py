@@ -92,7 +92,7 @@ from mypy_extensions import mypyc_attr
 from kvpool.engine.admission import rejection_reason
 from kvpool.engine.config import EngineConfig
 from kvpool.engine.execution import apply_jump, apply_step
-from kvpool.engine.fast_forward import DecodeJump, decode_growth, plan_jump
+from kvpool.engine.fast_forward import DecodeJump, decode_growth, decode_slot, plan_jump
 from kvpool.engine.kv_client import KvClient
 from kvpool.engine.metrics import EngineStats, close_batch, read_counters
 from kvpool.engine.request import EngineRequest
@@ -105,11 +105,11 @@ from kvpool.manager import (
     Allocation,
     PoolUsage,
     PrefillCost,
+    RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
     StepUpdate,
-    StretchAllocations,
 )
 from kvpool.pool.runs import runs_length
 from kvpool.workloads import RequestSpec
@@ -496,7 +496,7 @@ class MockEngine:
         cost: PrefillCost | None,
     ) -> int:
         """Take the jump `fast_forward` planned: the ``plan``'s allocations (if it crosses
-        block boundaries) in one `KvClient.allocate_stretch` call, then the jump applied.
+        block boundaries) in one `KvClient.allocate_run` call, then the jump applied.
         With a ``head`` waiting for blocks (its admission refused at ``cost``, None
         without prefix caching) the call stops after the first step that changes its
         cost (only prefix caching can), and that step is finished as `step` would finish
@@ -504,19 +504,27 @@ class MockEngine:
         config = self.config
         running = self.running
         probe = None if cost is None or head is None else head.request_id
-        stretch = plan.stretch
+        run = plan.run
         groups = len(plan.step_ends)
         result = None
         finish: StepOutcome | None = None
         tried = groups
-        if stretch is not None:
+        if run is not None:
             if plan.finished:  # with the frees in the same call (no probe: nobody waits)
-                result, finish = await self.kv.finish_stretch(stretch, self._frees(plan))
+                result, finish = await self.kv.finish_run(run, self._frees(plan))
             else:
-                result = await self.kv.allocate_stretch(stretch, probe, stop_if_cost_changes=cost)
+                result = await self.kv.allocate_run(run, probe, stop_if_cost_changes=cost)
             tried = len(result.kv_events)
-            if not tried or len(result.allocations) != plan.step_ends[tried - 1]:
+            if not tried or result.slots != plan.step_ends[tried - 1]:
                 raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
+            grown = 0
+            for allocation in result.allocations:
+                grown += runs_length(allocation.block_runs)
+            if grown != plan.group_active[tried - 1] - self._num_active:
+                raise RuntimeError(
+                    f"planned {plan.group_active[tried - 1]} active blocks, "
+                    f"the pool has {self._num_active + grown}: {self!r}"
+                )
             self._remember_cost(probe, result.cost)
         # The call stops after the first group that changed the head's cost; that group
         # may be the plan's last, so a full count of groups does not mean no change.
@@ -538,17 +546,23 @@ class MockEngine:
             raise RuntimeError(f"a jump planned twice planned two jumps: {self!r}")
         if before.taken:
             self._apply_jump(before, result)
-        start = plan.step_ends[last - 1] if last else 0
-        for k in range(start, plan.step_ends[last]):
-            request = running[plan.indexes[plan.members[k]]]
-            request.num_sent = plan.targets[k] - request.prompt_length
+        # Group ``last`` is this step's slots: their tokens heard, their growths made.
+        bs = config.block_size
+        caching = config.enable_prefix_caching
+        growing: list[EngineRequest] = []
+        for request in running:
+            slot = decode_slot(request, 0, bs, caching)
+            if slot:
+                request.num_sent = request.num_tokens - request.prompt_length
+                if slot == 2:
+                    growing.append(request)
         self._preempted = []
         self._step_events = [
             event for group, events in result.events if group == last for event in events
         ]
         scheduled = dict.fromkeys(running, 1)
-        for k in range(start, plan.step_ends[last]):
-            self._grant(running[plan.indexes[plan.members[k]]], result.allocations[k])
+        for request in growing:
+            self._grant_blocks(request, 1)
         read_counters(self.stats, result.stats)
         await self._admit(scheduled, config.max_num_batched_tokens - len(running))
         await self._execute(scheduled)
@@ -576,7 +590,7 @@ class MockEngine:
             finishing,
         )
 
-    def _apply_jump(self, plan: DecodeJump, result: StretchAllocations | None) -> list[KVEvent]:
+    def _apply_jump(self, plan: DecodeJump, result: RunAllocations | None) -> list[KVEvent]:
         """Apply a jump whose allocations returned ``result`` (`apply_jump`) and publish
         each step's batch, stamped with that step's end; return a finishing jump's last
         step's events, which `_finish_jump` batches."""
@@ -806,7 +820,10 @@ class MockEngine:
     def _grant(self, request: EngineRequest, allocation: Allocation) -> None:
         """Count the fresh blocks a running request was given (the admission check's
         count included)."""
-        blocks = runs_length(allocation.block_runs)
+        self._grant_blocks(request, runs_length(allocation.block_runs))
+
+    def _grant_blocks(self, request: EngineRequest, blocks: int) -> None:
+        """`_grant` of a count of blocks."""
         self._num_active += blocks
         request.num_blocks += blocks
 

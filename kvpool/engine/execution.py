@@ -10,8 +10,7 @@ from kvpool.engine.fast_forward import DecodeJump
 from kvpool.engine.metrics import EngineStats, close_batch, read_counters
 from kvpool.engine.request import EngineRequest
 from kvpool.events import KVEvent
-from kvpool.manager.types import StepUpdate, StretchAllocations
-from kvpool.pool.runs import runs_length
+from kvpool.manager.types import RunAllocations, StepUpdate
 
 
 def apply_step(
@@ -90,7 +89,7 @@ def _advance_decodes(
 
 def apply_jump(
     plan: DecodeJump,
-    result: StretchAllocations | None,
+    result: RunAllocations | None,
     running: list[EngineRequest],
     stats: EngineStats,
     active: int,
@@ -110,23 +109,18 @@ def apply_jump(
     caller then frees them in the manager (with the jump's allocations or alone) and
     ends that step as a single step ends: its batch (the events returned second, then
     the free's) and its usage sample come after the free, so they are left out here."""
-    grown = active
-    members = plan.members
-    indexes = plan.indexes
     groups = len(plan.step_ends)
-    if groups:
-        if result is None:
-            raise RuntimeError("a jump across block boundaries applied without its allocations")
-        allocations = result.allocations
-        for k in range(len(members)):
-            blocks = runs_length(allocations[k].block_runs)
-            running[indexes[members[k]]].num_blocks += blocks
-            grown += blocks
-    if grown != plan.active:
-        raise RuntimeError(f"planned {plan.active} active blocks, the pool has {grown}")
+    if groups and result is None:
+        raise RuntimeError("a jump across block boundaries applied without its allocations")
+    # Each request's growths (one block each) and heard tokens, as the plan has them
+    # (the caller checked the allocations' blocks against the plan's).
+    indexes = plan.indexes
+    grown = plan.grown
     sent = plan.sent
     for place in range(len(indexes)):
-        running[indexes[place]].num_sent = sent[place]
+        request = running[indexes[place]]
+        request.num_blocks += grown[place]
+        request.num_sent = sent[place]
     n = len(running)
     taken = plan.taken
     stats.busy_s = plan.busy

@@ -16,13 +16,13 @@ from mypy_extensions import i64
 from kvpool.engine.request import EngineRequest
 from kvpool.engine.timing import StepTiming
 from kvpool.engine.work import decode_work
-from kvpool.manager.types import DecodeStretch
+from kvpool.manager.types import DecodeRun
 from kvpool.workloads.tokens import segment_span
 
-_NONE: list[int] = []  # never changed: a plan's slot lists until its first slot
+_NONE: list[int] = []  # never changed: a plan's request and group lists until its first slot
 _NEVER: Final = 1 << 62  # a step no jump reaches
 _NO_ENDS: list[float] = []  # never changed: a plan's group ends until its first slot
-_NO_TOKENS = range(0)  # the new tokens of a request no slot of a stretch names
+_NO_TOKENS = range(0)  # a request's new tokens when the manager heard them all already
 
 
 def decode_growth(running: list[EngineRequest], block_size: int, finishing: bool = False) -> int:
@@ -48,16 +48,12 @@ class DecodeJump:
     """A run of decode steps (`plan_jump`): how many steps, the clock, busy time and
     inter-token gaps they add, and the allocations of the steps in which some request's
     table grows or a block fills (none for a jump that stops before its first), as one
-    `DecodeStretch`. A jump planned with ``finishing`` may end with a step in which
-    some requests sample their last token (``finished``).
-
-    The slots are kept in the stretch's own terms (each taking part request once, a
-    slot naming it by its place there), so the stretch is the plan's lists, not a copy
-    of them; a jump without slots builds none of them."""
+    `DecodeRun`: in closed form, each request's growths and fills an arithmetic
+    progression, no slot spelled out. A jump planned with ``finishing`` may end with a
+    step in which some requests sample their last token (``finished``)."""
 
     __slots__ = (
         "active",
-        "appends",
         "busy",
         "clock",
         "finished",
@@ -66,13 +62,12 @@ class DecodeJump:
         "group_active",
         "group_ends",
         "group_steps",
+        "grown",
         "indexes",
-        "members",
+        "run",
         "sent",
         "step_ends",
-        "stretch",
         "taken",
-        "targets",
     )
 
     def __init__(self, clock: float, active: int) -> None:
@@ -84,43 +79,34 @@ class DecodeJump:
         """The pool's active blocks after the last step's allocations."""
         self.gaps: dict[float, int] = {}
         """Inter-token gaps of every step but the first (each request's own)."""
-        self.members: list[int] = _NONE
-        """Each slot's (a table that grows or a block that fills) request, as its place
-        in ``indexes``, in order: step by step, in running order within a step."""
-        self.indexes: list[int] = _NONE
-        """The running index of each request with a slot, in order of its first slot."""
-        self.targets: list[int] = _NONE
-        """Each slot's token count (the table holds and has computed that many)."""
-        self.appends: list[int] = _NONE
-        """Each slot's generated tokens the manager hears with it."""
         self.step_ends: list[int] = _NONE
-        """Per step with slots (a *group*): the end of its slots in ``members``."""
+        """Per step with slots (a *group*; a slot: a table that grows or a block that
+        fills): the slots of the groups up to it, in all."""
         self.group_steps: list[int] = _NONE
         """The step (0 first) of each group."""
         self.group_ends: list[float] = _NO_ENDS
         """The clock at the end of each group's step."""
         self.group_active: list[int] = _NONE
         """The active blocks after each group's step."""
-        self.stretch: DecodeStretch | None = None
-        """The groups' allocations, for `KvClient.allocate_stretch` (None: no group)."""
+        self.indexes: list[int] = _NONE
+        """The running index of each request with a slot, in running order."""
+        self.grown: list[int] = _NONE
+        """Each request of ``indexes``' blocks the jump adds (one a growth)."""
         self.sent: list[int] = _NONE
         """Each request of ``indexes``' ``num_sent`` once the groups are allocated."""
+        self.run: DecodeRun | None = None
+        """The groups' allocations, for `KvClient.allocate_run` (None: no group)."""
         self.finished: list[int] = _NONE
         """The running indexes, in order, of the requests that sample their last token in
         the jump's last step (and so finish then); empty but with ``finishing``."""
 
-    def open_slots(self) -> None:
-        """Give the plan lists of its own for its slots and groups (at its first slot;
-        until then they are shared empty ones that nothing appends to)."""
-        self.members = []
-        self.indexes = []
-        self.targets = []
-        self.appends = []
+    def open_groups(self) -> None:
+        """Give the plan lists of its own for its groups (at its first slot; until then
+        they are shared empty ones that nothing appends to)."""
         self.step_ends = []
         self.group_steps = []
         self.group_ends = []
         self.group_active = []
-        self.sent = []
 
 
 def plan_jump(
@@ -145,12 +131,13 @@ def plan_jump(
     free and evictable blocks); without ``cross_boundaries``, also before the first
     step in which a table grows or a block fills, so the jump makes no KV call. Across
     block boundaries, the requests that reach one in a step are that step's
-    allocations, in running order,
-    each with the tokens generated since the manager last heard (``num_sent`` moves as
-    `EngineRequest.take_pending` would move it; the plan's ``sent``, which the caller
-    applies once the allocations are made). Each step's duration is the timing model's
-    for that step (``varies``: it reads the context; ``usage_matters``: it reads the
-    active blocks, which change only at a growth); at most ``max_steps`` steps.
+    allocations (its slots), in running order, each hearing the tokens generated since
+    the manager last heard (``num_sent`` moves as `EngineRequest.take_pending` would
+    move it; the plan's ``sent``, which the caller applies once the allocations are
+    made): the plan's ``run``, each request's slots in closed form. Each step's
+    duration is the timing model's for that step (``varies``: it reads the context;
+    ``usage_matters``: it reads the active blocks, which change only at a growth); at
+    most ``max_steps`` steps.
     ``busy`` is the busy time so far: each step's duration is added to it and to the
     clock one at a time, so both are bit for bit those of single steps. Nothing else
     changes; taken 0 if the next step is not such a step.
@@ -214,9 +201,8 @@ def plan_jump(
         steps_max += 1
     if max_steps < steps_max:
         steps_max = max_steps
-    opened = False  # whether the plan has lists of its own for slots (`open_slots`)
-    # running index -> its place in the plan's ``indexes`` (-1: no slot yet)
-    places: list[int] = _NONE
+    opened = False  # whether the plan has lists of its own for groups (`open_groups`)
+    total: i64 = 0  # the slots so far
     # The next step whose residue lists a request (one that may grow or fill then): the
     # steps before it build nothing, only the clock and the gaps.
     next_event: i64 = keys[0] // n if num_keys else _NEVER
@@ -229,7 +215,7 @@ def plan_jump(
             # which listed requests grow or fill now (none: their first is still to come)
             while True:
                 index = keys[end] - residue * n
-                slot = _slot(running[index], step, bs, caching)
+                slot = decode_slot(running[index], step, bs, caching)
                 if slot:
                     slots += 1
                     if slot == 2:
@@ -243,14 +229,9 @@ def plan_jump(
                 break  # a growth would not fit: the step preempts
             if slots:
                 if not opened:
-                    places = [-1] * n
-                    plan.open_slots()
+                    plan.open_groups()
                     opened = True
-                for key in range(position, end):
-                    index = keys[key] - residue * n
-                    request = running[index]
-                    if _slot(request, step, bs, caching):
-                        _add_slot(plan, places, index, request, step)
+                total += slots
                 active += grows
             position = end if end < num_keys else 0
             following: i64 = keys[position] // n - residue
@@ -273,7 +254,7 @@ def plan_jump(
         else:
             plan.first_end = clock
         if slots:
-            plan.step_ends.append(len(plan.members))
+            plan.step_ends.append(total)
             plan.group_steps.append(step)
             plan.group_ends.append(clock)
             plan.group_active.append(active)
@@ -288,14 +269,14 @@ def plan_jump(
             if running[index].output_length - running[index].num_output - 1 == final_step
         ]
     if opened:
-        plan.stretch = _stretch(running, plan)
+        plan.run = _run(running, plan, bs, caching)
     plan.clock = clock
     plan.busy = busy
     plan.active = active
     return plan
 
 
-def _slot(request: EngineRequest, step: i64, block_size: i64, caching: bool) -> i64:
+def decode_slot(request: EngineRequest, step: i64, block_size: i64, caching: bool) -> i64:
     """Whether ``request``'s table grows in step ``step`` of a jump from now (2), a
     block of it fills then (1, with ``caching``), or neither (0)."""
     tokens: i64 = request.num_tokens
@@ -307,44 +288,58 @@ def _slot(request: EngineRequest, step: i64, block_size: i64, caching: bool) -> 
     return 0
 
 
-def _add_slot(
-    plan: DecodeJump, places: list[int], index: int, request: EngineRequest, step: int
-) -> None:
-    """Append the slot of running request ``index`` in step ``step``: its target and
-    the generated tokens the manager has not heard of (``num_sent`` as
-    `EngineRequest.take_pending` would move it, kept in the plan's ``sent``)."""
-    place = places[index]
-    if place < 0:
-        place = places[index] = len(plan.indexes)
-        plan.indexes.append(index)
-        plan.sent.append(request.num_sent)
-    target = request.num_tokens + step
-    told = target - request.prompt_length
-    sent = plan.sent[place]
-    if told < sent:
-        raise RuntimeError(f"{request.request_id}: the manager heard of more tokens")
-    plan.members.append(place)
-    plan.targets.append(target)
-    plan.appends.append(told - sent)
-    plan.sent[place] = told
-
-
-def _stretch(running: list[EngineRequest], plan: DecodeJump) -> DecodeStretch:
-    """The plan's slots as a `DecodeStretch` naming only the requests that take part
-    (a jump's slots are a few of a large batch), each with its generated tokens over
-    the whole plan as one span."""
+def _run(running: list[EngineRequest], plan: DecodeJump, bs: i64, caching: bool) -> DecodeRun:
+    """The plan's slots as a `DecodeRun` naming only the requests that take part (a
+    jump's slots are a few of a large batch), in running order: each one's first growth
+    and fill steps, and its generated tokens through its last slot as one span; the
+    plan's ``indexes``, ``grown`` and ``sent`` set with it."""
+    taken: i64 = plan.taken
+    indexes: list[int] = []
+    grown: list[int] = []
+    sent: list[int] = []
     request_ids: list[str] = []
     new_tokens: list[Sequence[int]] = []
-    sent = plan.sent
-    for place, index in enumerate(plan.indexes):
+    targets: list[int] = []
+    grows: list[int] = []
+    fills: list[int] = []
+    for index in range(len(running)):
         request = running[index]
-        since = request.num_sent
+        tokens: i64 = request.num_tokens
+        grow: i64 = request.num_blocks * bs - tokens + 1
+        if grow >= taken:
+            grow = -1
+        fill: i64 = -tokens % bs if caching else -1
+        if fill >= taken:
+            fill = -1
+        if grow < 0 and fill < 0:
+            continue
+        last: i64 = -1  # its last slot's step
+        blocks: i64 = 0
+        if grow >= 0:
+            blocks = (taken - 1 - grow) // bs + 1
+            last = grow + (blocks - 1) * bs
+        if fill >= 0:
+            last_fill: i64 = fill + (taken - 1 - fill) // bs * bs
+            if last_fill > last:
+                last = last_fill
+        first: i64 = grow if fill < 0 or 0 <= grow < fill else fill
+        since: i64 = request.num_sent
+        if tokens + first - request.prompt_length < since:  # told with its first slot
+            raise RuntimeError(f"{request.request_id}: the manager heard of more tokens")
+        told: i64 = tokens + last - request.prompt_length
+        indexes.append(index)
+        grown.append(blocks)
+        sent.append(told)
         request_ids.append(request.request_id)
         new_tokens.append(
-            segment_span(request.output_seed, request.output_length, since, sent[place])
-            if since < sent[place]
+            segment_span(request.output_seed, request.output_length, since, told)
+            if since < told
             else _NO_TOKENS
         )
-    return DecodeStretch(
-        request_ids, new_tokens, plan.members, plan.targets, plan.appends, plan.step_ends
-    )
+        targets.append(tokens)
+        grows.append(grow)
+        fills.append(fill)
+    plan.indexes = indexes
+    plan.grown = grown
+    plan.sent = sent
+    return DecodeRun(request_ids, new_tokens, targets, grows, fills, taken)

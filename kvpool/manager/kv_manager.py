@@ -581,7 +581,7 @@ class KvManager:
         result = self._stretch_slots(
             states, tokens, stretch, probe, probe_member, stop_if_cost_changes, extended
         )
-        return _as_run(len(states), stretch, result)
+        return RunAllocations.of_stretch(stretch, result)
 
     def finish_run(
         self, run: object, updates: Sequence[StepUpdate]
@@ -640,6 +640,13 @@ class KvManager:
             last = max(
                 first + (steps - 1 - first) // bs * bs for first in (grow, fill) if first >= 0
             )
+            # it hears a token a step from its first slot on: the rest with the first
+            span = last - min(first for first in (grow, fill) if first >= 0)
+            if len(tokens[i]) < span:
+                raise InvalidArgumentError(
+                    f"request {unchecked_ids[i]!r}: {len(tokens[i])} new tokens, but a token "
+                    f"a step for the {span} steps to its last slot"
+                )
             top = target + last  # its last slot's target: the largest
             held = states[i].num_tokens + len(tokens[i])
             if top > held:
@@ -1520,28 +1527,6 @@ class KvManager:
         all or nothing (the pool checks every id before it releases one)."""
         self._pool.release_runs(state.table)
         state.reset()
-
-
-def _as_run(n: int, stretch: DecodeStretch, result: StretchAllocations) -> RunAllocations:
-    """A run's stretch's ``result`` in the run's form: each request's allocations joined
-    into one, the removed hashes into one list."""
-    joined: list[list[int]] = [[] for _ in range(n)]
-    removed: list[int] = []
-    allocations = result.allocations
-    for k in range(len(allocations)):
-        allocation = allocations[k]
-        extend_runs(joined[stretch.members[k]], allocation.block_runs)
-        for key in allocation.removed:
-            add_descent(removed, key, 1)
-    return RunAllocations(
-        [Allocation(blocks, 0, []) if blocks else _NOTHING for blocks in joined],
-        len(allocations),
-        removed,
-        result.kv_events,
-        result.events,
-        result.stats,
-        result.cost,
-    )
 
 
 def _require(condition: bool, message: str) -> None:

@@ -10,7 +10,7 @@ import msgspec
 from kvpool.events import KVEvent
 from kvpool.messages.values import PoolUsage
 from kvpool.pool import BlockId
-from kvpool.pool.runs import expand, expand_descents, runs_length
+from kvpool.pool.runs import add_descent, expand, expand_descents, extend_runs, runs_length
 
 
 class Allocation(msgspec.Struct, frozen=True, gc=False):
@@ -181,9 +181,12 @@ class DecodeRun(msgspec.Struct, frozen=True, gc=False):
     Request ``i`` takes part in step ``s < steps`` (a *slot*) when ``s >= grows[i]``
     and ``s - grows[i]`` is a multiple of the block size (its table grows then), or
     likewise for ``fills[i]`` (with prefix caching, its target ends a block then): -1
-    is no such step. In its slot at step ``s`` it targets ``targets[i] + s`` tokens,
-    and it hears all of ``new_tokens[i]`` with its first slot. `stretch` spells it out
-    as the `DecodeStretch` it stands for; steps with slots are its groups, in order.
+    is no such step. In its slot at step ``s`` it targets ``targets[i] + s`` tokens and
+    hears ``new_tokens[i]`` as they were generated: at its first slot all but one token
+    a step from there to its last slot, then at each later slot one a step since its
+    previous slot (the tokens reach the manager with the allocation that needs them, as
+    the engine hands them over). `stretch` spells it out as the `DecodeStretch` it
+    stands for; the steps with slots are its groups, in order.
     """
 
     request_ids: list[str]
@@ -202,7 +205,10 @@ class DecodeRun(msgspec.Struct, frozen=True, gc=False):
                 if first >= 0:
                     slots.extend((s, i) for s in range(first, self.steps, block_size))
         slots = sorted(set(slots))
-        heard = [False] * len(self.request_ids)
+        previous = [-1] * len(self.request_ids)  # each request's last slot so far
+        last = list(previous)
+        for step, i in slots:
+            last[i] = step
         members: list[int] = []
         targets: list[int] = []
         appends: list[int] = []
@@ -210,8 +216,11 @@ class DecodeRun(msgspec.Struct, frozen=True, gc=False):
         for k, (step, i) in enumerate(slots):
             members.append(i)
             targets.append(self.targets[i] + step)
-            appends.append(0 if heard[i] else len(self.new_tokens[i]))
-            heard[i] = True
+            if previous[i] < 0:
+                appends.append(len(self.new_tokens[i]) - (last[i] - step))
+            else:
+                appends.append(step - previous[i])
+            previous[i] = step
             if k + 1 == len(slots) or slots[k + 1][0] != step:
                 step_ends.append(k + 1)
         return DecodeStretch(
@@ -237,6 +246,29 @@ class RunAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
     events: list[tuple[int, list[KVEvent]]]
     stats: ManagerStats
     cost: PrefillCost | None = None
+
+    @classmethod
+    def of_stretch(cls, stretch: DecodeStretch, result: StretchAllocations) -> RunAllocations:
+        """``allocate_stretch``'s ``result`` of the ``stretch`` a run stands for
+        (`DecodeRun.stretch`), in the run's form: each request's allocations joined into
+        one, the removed hashes into one list."""
+        joined: list[list[int]] = [[] for _ in stretch.request_ids]
+        removed: list[int] = []
+        allocations = result.allocations
+        for k in range(len(allocations)):
+            allocation = allocations[k]
+            extend_runs(joined[stretch.members[k]], allocation.block_runs)
+            for r in range(0, len(allocation.removed_runs), 2):
+                add_descent(removed, allocation.removed_runs[r], allocation.removed_runs[r + 1])
+        return cls(
+            [Allocation(blocks, 0, []) for blocks in joined],
+            len(allocations),
+            removed,
+            result.kv_events,
+            result.events,
+            result.stats,
+            result.cost,
+        )
 
 
 class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):

@@ -19,9 +19,11 @@ from kvpool.engine.request import EngineRequest
 from kvpool.errors import InvalidArgumentError, InvariantViolationError, UnknownRequestError
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import (
+    DecodeRun,
     DecodeStretch,
     KvManager,
     PrefillCost,
+    RunAllocations,
     SlotRequest,
     StepAllocations,
     StepUpdate,
@@ -489,6 +491,18 @@ class CountingKv(LocalKvClient):
         return await super().allocate_stretch(
             stretch, probe, stop_if_cost_changes=stop_if_cost_changes
         )
+
+    async def allocate_run(
+        self,
+        run: DecodeRun,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> RunAllocations:
+        self.slots.extend(
+            [slot.request_id for slot in slots] for slots in run.stretch(self.block_size).steps()
+        )
+        return await super().allocate_run(run, probe, stop_if_cost_changes=stop_if_cost_changes)
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         self.costs += 1

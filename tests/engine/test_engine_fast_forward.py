@@ -50,9 +50,11 @@ from kvpool.engine import runner as runner_module
 from kvpool.engine.request import EngineRequest
 from kvpool.events import EventCollector
 from kvpool.manager import (
+    DecodeRun,
     DecodeStretch,
     KvManager,
     PrefillCost,
+    RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
@@ -167,6 +169,20 @@ class OneSlotKv(LocalKvClient):
         )
         return StretchAllocations.of_steps(results)
 
+    async def allocate_run(
+        self,
+        run: DecodeRun,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> RunAllocations:
+        """The stretch the run stands for, one slot at a time as above."""
+        stretch = run.stretch(self.block_size)
+        result = await self.allocate_stretch(
+            stretch, probe, stop_if_cost_changes=stop_if_cost_changes
+        )
+        return RunAllocations.of_stretch(stretch, result)
+
 
 class CountingSteps(LocalKvClient):
     """Records each `allocate_steps`, `allocate_stretch` and `finish_stretch` call: per
@@ -203,6 +219,26 @@ class CountingSteps(LocalKvClient):
     ) -> tuple[StretchAllocations, StepOutcome]:
         self.calls.append([[slot.num_tokens for slot in slots] for slots in stretch.steps()])
         return await super().finish_stretch(stretch, updates)
+
+    async def allocate_run(
+        self,
+        run: DecodeRun,
+        probe: str | None = None,
+        *,
+        stop_if_cost_changes: PrefillCost | None = None,
+    ) -> RunAllocations:
+        self.calls.append(
+            [[slot.num_tokens for slot in slots] for slots in run.stretch(self.block_size).steps()]
+        )
+        return await super().allocate_run(run, probe, stop_if_cost_changes=stop_if_cost_changes)
+
+    async def finish_run(
+        self, run: DecodeRun, updates: list[StepUpdate]
+    ) -> tuple[RunAllocations, StepOutcome]:
+        self.calls.append(
+            [[slot.num_tokens for slot in slots] for slots in run.stretch(self.block_size).steps()]
+        )
+        return await super().finish_run(run, updates)
 
 
 @asynccontextmanager

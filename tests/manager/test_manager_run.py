@@ -70,6 +70,8 @@ def drawn_run(
         last = max(first + (steps - 1 - first) // BS * BS for first in (grow, fill) if first >= 0)
         if target + last > min(held, capacity * BS):
             continue  # a target past its tokens or the pool: a bad run, tested apart
+        if len(new) < last - min(first for first in (grow, fill) if first >= 0):
+            continue  # fewer tokens than a step each to its last slot: tested apart
         request_ids.append(name)
         new_tokens.append(new)
         targets.append(target)
@@ -235,14 +237,17 @@ def test_finish_run_is_the_run_then_finish_step(data: st.DataObject, mode: str) 
 
 def test_a_run_stands_for_its_slots_step_by_step() -> None:
     """Blocks of 4: "a" grows at steps 1 and 5 and fills at 0 and 4, "b" fills at 2 and
-    6; each hears its tokens with its first slot, and a step's slots go in request order."""
-    run = DecodeRun(["a", "b"], [[7, 8], [9]], [4, 10], [1, -1], [0, 2], 8)
+    6; each hears a token a step, the rest with its first slot, and a step's slots go in
+    request order."""
+    run = DecodeRun(
+        ["a", "b"], [[7, 8, 9, 9, 9, 9, 9], [9, 9, 9, 9, 9]], [4, 10], [1, -1], [0, 2], 8
+    )
     assert run.stretch(4) == DecodeStretch(
         ["a", "b"],
-        [[7, 8], [9]],
+        [[7, 8, 9, 9, 9, 9, 9], [9, 9, 9, 9, 9]],
         [0, 0, 1, 0, 0, 1],
         [4, 5, 12, 8, 9, 16],
-        [2, 0, 1, 0, 0, 0],
+        [2, 1, 1, 3, 1, 4],
         [1, 2, 3, 4, 5, 6],
     )
     both = DecodeRun(["a", "b"], [[], []], [4, 4], [0, 0], [0, -1], 1)
@@ -280,6 +285,7 @@ GOOD = DecodeRun(["a", "b"], [[5], [6, 7]], [4, 4], [0, 0], [-1, 1], 2)
         (DecodeRun(["w"], [[5]], [10], [0], [-1], 1), InvalidArgumentError),  # no block
         (DecodeRun(["a"], [[5]], [5], [0], [-1], 1), TokenCountError),
         (DecodeRun(["a"], [[5]], [4], [0], [1], 2), TokenCountError),  # step 1 targets 5
+        (DecodeRun(["a"], [[]], [3], [0], [1], 2), InvalidArgumentError),  # no token for step 1
         (DecodeRun(["a"], [[2**32]], [4], [0], [-1], 1), InvalidArgumentError),
         (DecodeRun(["a"], [list(range(40))], [43], [0], [-1], 1), CapacityError),
         (DecodeRun([3], [[5]], [4], [0], [-1], 1), InvalidArgumentError),  # type: ignore[list-item]
