@@ -82,7 +82,6 @@ from kvpool.manager.validation import (
 )
 from kvpool.pool import BlockId, BlockPool
 from kvpool.pool.runs import (
-    add_descent,
     add_run,
     descents_of,
     expand,
@@ -618,7 +617,12 @@ class KvManager:
         unchecked_grows: list[object] = raw.grows
         unchecked_fills: list[object] = raw.fills
         n = len(unchecked_ids)
-        if any(len(cast("list[object]", field)) != n for field in fields):
+        if (
+            len(raw.new_tokens) != n
+            or len(unchecked_targets) != n
+            or len(unchecked_grows) != n
+            or len(unchecked_fills) != n
+        ):
             raise InvalidArgumentError("a DecodeRun needs one of each field per request")
         states, tokens = self._decoding(unchecked_ids, run.new_tokens)
         bs = self._block_size
@@ -637,11 +641,17 @@ class KvManager:
                 raise InvalidArgumentError(
                     f"request {unchecked_ids[i]!r} takes part in no step of the run"
                 )
-            last = max(
-                first + (steps - 1 - first) // bs * bs for first in (grow, fill) if first >= 0
-            )
-            # it hears a token a step from its first slot on: the rest with the first
-            span = last - min(first for first in (grow, fill) if first >= 0)
+            # its last slot's step, and its first: it hears a token a step from its first
+            # slot on, the rest with the first
+            last = -1
+            first = steps
+            if grow >= 0:
+                last = grow + (steps - 1 - grow) // bs * bs
+                first = grow
+            if fill >= 0:
+                last = max(last, fill + (steps - 1 - fill) // bs * bs)
+                first = min(first, fill)
+            span = last - first
             if len(tokens[i]) < span:
                 raise InvalidArgumentError(
                     f"request {unchecked_ids[i]!r}: {len(tokens[i])} new tokens, but a token "
@@ -691,19 +701,22 @@ class KvManager:
         counts: list[int] = []  # per growing request, the blocks it grows by
         tails: list[int] = []  # and its table's last block before the run
         growers: list[int] = []  # and its index
-        grown_at: dict[int, list[int]] = {}  # step -> its growths' blocks, in request order
-        shown: dict[int, int] = {}  # step -> its slots that make blocks visible
-        slots = 0
+        # Every slot as one int, (step * n + request) * 4 + 2 if its table grows + 1 if
+        # it makes blocks visible: sorted, the slots in the stretch's order.
+        slots: list[int] = []
+        bulk: dict[int, int] = {}  # a slot's growth of more than one block (step 0 only)
         total = 0
         for i in range(n):
             target = run.targets[i]
-            grow = run.grows[i]
-            fill = run.fills[i]
+            next_grow = run.grows[i]
+            next_fill = run.fills[i]
+            if next_grow < 0:
+                next_grow = steps
+            if next_fill < 0:
+                next_fill = steps
             length = states[i].num_blocks
             done = computed[i]
             seen = visible[i]
-            next_grow = grow if grow >= 0 else steps
-            next_fill = fill if fill >= 0 else steps
             blocks = 0
             while True:
                 step = next_grow if next_grow < next_fill else next_fill
@@ -713,20 +726,21 @@ class KvManager:
                     next_grow += bs
                 if step == next_fill:
                     next_fill += bs
-                slots += 1
                 now = target + step
                 need = -(-now // bs)
+                key = (step * n + i) * 4
                 if need > length:
-                    grown_at.setdefault(step, []).append(need - length)
+                    key += 2
+                    if need - length > 1:
+                        bulk[key] = need - length
                     blocks += need - length
                     length = need
-                elif step not in grown_at:
-                    grown_at[step] = []  # a group all the same
                 if now > done:  # `_advance`
                     done = now
                     if caching and now // bs > seen:
                         seen = now // bs
-                        shown[step] = shown.get(step, 0) + 1
+                        key += 1
+                slots.append(key)
             computed[i] = done
             visible[i] = seen
             if blocks:
@@ -743,37 +757,45 @@ class KvManager:
         cached = self._hear_all(states, tokens, first_visible, visible)
         if cached is None:
             return True
-        ids, removed = self._admit_all(counts, tails)
+        taken = pool.admit_each_runs(counts, tails)
+        if taken is None:  # unreachable: the total fits
+            raise InvariantViolationError("a run's admissions did not fit after all")
+        ids, removed_runs = taken
         allocations = [_NOTHING] * n
-        removed_runs: list[int] = []
         next_id = 0
         for g in range(len(counts)):
-            fresh = counts[g]
-            new_ids: list[int] = []
-            for block_id in ids[next_id : next_id + fresh]:
-                add_run(new_ids, block_id, 1)
-            next_id += fresh
-            for key in removed[g]:
-                add_descent(removed_runs, key, 1)
+            new_ids = slice_runs(ids, next_id, next_id + counts[g])
+            next_id += counts[g]
             state = states[growers[g]]
             extend_runs(state.table, new_ids)
-            state.num_blocks += fresh
+            state.num_blocks += counts[g]
             allocations[growers[g]] = Allocation(new_ids, 0, [])
         # A growth has its Removed event when free capacity ran out before its last
         # block (every copy evicted is its hash's last): in slot order, group by group.
+        slots.sort()
         kv_events: list[int] = []
         events = self._num_events
         used = 0
-        for step in sorted(grown_at):
-            for blocks in grown_at[step]:
-                used += blocks
+        group = -1
+        per_step = 4 * n
+        for key in slots:
+            step = key // per_step
+            if step != group:
+                if group >= 0:
+                    kv_events.append(events)
+                group = step
+            if key & 2:
+                used += bulk.get(key - (key & 1), 1) if bulk else 1
                 if used > free:
                     events += 1
-            events += shown.get(step, 0)
-            kv_events.append(events)
+            if key & 1:
+                events += 1
+        kv_events.append(events)
         self._num_events = events
         self._cache_all(states, computed, first_visible, visible, cached)
-        return RunAllocations(allocations, slots, removed_runs, kv_events, [], self.stats(), None)
+        return RunAllocations(
+            allocations, len(slots), removed_runs, kv_events, [], self.stats(), None
+        )
 
     def _decoding(
         self, unchecked_ids: list[object], new_tokens: list[Sequence[int]]

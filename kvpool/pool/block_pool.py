@@ -445,6 +445,32 @@ class BlockPool:
         Raises `InvalidArgumentError` for a count that is not an int >= 0 or a bad
         ``after``, and `CapacityError` for a count that could never fit.
         """
+        wanted, hints, total = self._check_counts(counts, after)
+        admitted = self._admit_each(wanted, hints, total, True)
+        if admitted is None:
+            return None
+        runs, removed = admitted
+        return cast("list[BlockId]", _expand(runs)), [expand_descents(gone) for gone in removed]
+
+    def admit_each_runs(
+        self, counts: object, after: object = None
+    ) -> tuple[list[int], list[int]] | None:
+        """`admit_each` with its ids as runs (flat ``first, count`` pairs: the counts'
+        ids one after another) and the hashes all its admissions removed as one list of
+        descending runs (`kvpool.pool.runs.add_descent`): a run of decode steps' tables
+        grown with no list of their blocks or hashes. The same checks and effect."""
+        wanted, hints, total = self._check_counts(counts, after)
+        admitted = self._admit_each(wanted, hints, total, False)
+        if admitted is None:
+            return None
+        runs, removed = admitted
+        return runs, removed[0] if removed else []
+
+    def _check_counts(
+        self, counts: object, after: object
+    ) -> tuple[list[object], list[object], int]:
+        """`admit_each`'s checks, before anything changes: the counts, the hints (empty:
+        none) and the blocks they add up to."""
         wanted = counts if type(counts) is list else _as_list(counts, "counts")
         total = 0
         for fresh in wanted:
@@ -461,17 +487,24 @@ class BlockPool:
             hints = after if type(after) is list else _as_list(after, "after")
             if len(hints) != len(wanted) or any(type(hint) is not int for hint in hints):
                 raise InvalidArgumentError(f"after must be one int per count, got {after!r:.200}")
+        return wanted, hints, total
+
+    def _admit_each(
+        self, wanted: list[object], hints: list[object], total: int, apart: bool
+    ) -> tuple[list[int], list[list[int]]] | None:
+        """`admit_each` after its checks: the ids as runs, and the removed hashes as
+        descending runs, each admission's apart (``apart``) or all in one."""
         # Admissions only take: if all of them fit together, each one fits in its turn.
         if total - self._capacity + self._num_copies + self._reserved > self._num_inactive:
             return None  # refused whole: no admission was made, so none failed either
         ids: list[int] = []
-        removed: list[list[int]] = []
+        removed: list[list[int]] = [] if apart else [[]]
         tails: dict[int, int] = {}  # a table's last id before this call -> its last now
         free = self._capacity - self._num_copies - self._reserved
         for i in range(len(wanted)):
             fresh = cast(int, wanted[i])
             # `_pin_and_reserve` of no prefix, which fits: evict what free capacity lacks.
-            evicted: list[int] = []
+            evicted: list[int] = [] if apart else removed[0]
             if fresh > free:
                 self._evict(fresh - free, evicted)
                 self._evictions += fresh - free
@@ -480,18 +513,14 @@ class BlockPool:
                 free -= fresh
             self._reserved += fresh
             self._reserves += 1
-            removed.append(expand_descents(evicted) if evicted else evicted)
+            if apart:
+                removed.append(evicted)
             if fresh:
-                runs: list[int] = []
                 table = cast(int, hints[i]) if hints else -1
-                self._new_private(fresh, runs, tails.get(table, table))
+                self._new_private(fresh, ids, tails.get(table, table))
                 if table >= 0:
-                    tails[table] = runs[-2] + runs[-1] - 1
-                if fresh == 1:
-                    ids.append(runs[0])
-                else:
-                    ids.extend(_expand(runs))
-        return cast("list[BlockId]", ids), removed
+                    tails[table] = ids[-2] + ids[-1] - 1
+        return ids, removed
 
     def activate_prefix(self, reservation: object) -> list[BlockId]:
         """Turn the reservation's prefix pins into request references, root first."""
