@@ -344,3 +344,19 @@ def test_run_helpers_agree_with_lists(items: list[int], start: int, stop: int) -
     assert expand(kept) == items[: min(start, len(items))]
     assert expand_descents(descents_of(items)) == items
     assert overlapping(runs) == (len(set(items)) != len(items))
+
+
+@settings(max_examples=200, deadline=None)
+@given(SEEDS, st.lists(st.integers(0, 3), max_size=6))
+def test_admit_each_runs_is_admit_each(ids: str, seed: int, counts: list[int]) -> None:
+    def per_block(pool: BlockPool, held: list[list[int]]) -> object:
+        tails = [held[i % len(held)][-1] if held else -1 for i in range(len(counts))]
+        got = pool.admit_each(counts, tails)
+        return None if got is None else ([i & LOW for i in got[0]], sum(got[1], []))
+
+    def ranged(pool: BlockPool, held: list[list[int]]) -> object:
+        tails = [held[i % len(held)][-1] if held else -1 for i in range(len(counts))]
+        got = pool.admit_each_runs(counts, tails)
+        return None if got is None else ([i & LOW for i in expand(got[0])], expand_descents(got[1]))
+
+    _same(seed, per_block, ranged)
