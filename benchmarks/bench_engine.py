@@ -417,8 +417,8 @@ def kv_share_row(
 CALL_SITES = (
     ("admissions", "allocate_steps: admission"),
     ("scheduling", "allocate_steps: scheduling"),
-    ("jumps", "allocate_stretch"),
-    ("finishing jumps", "finish_stretch"),
+    ("jumps", "allocate_run"),
+    ("finishing jumps", "finish_run"),
     ("arrivals", "add_request"),
     ("finishing steps", "finish_step"),
 )

@@ -409,7 +409,7 @@ class MockEngine:
         waiting and ``cross_boundaries``, the jump may also end with the step in which
         requests sample their last token: they finish then, as `step` finishes them
         (records, stats, their frees, the step's batch and its usage sample), and the
-        frees ride on the jump's allocations (`KvClient.finish_stretch`: one call for
+        frees ride on the jump's allocations (`KvClient.finish_run`: one call for
         both); a finishing step changes no admission when nobody waits, so only the
         jump's end moves. What else it may do depends on the queue's head:
 
@@ -418,8 +418,8 @@ class MockEngine:
           is off, so the jump's growth only makes the head's need harder to meet) and
           ``cross_boundaries`` (the default): the jump crosses block boundaries. The
           tables that grow and the blocks that fill (turning visible) in its steps go
-          to the manager in one `KvClient.allocate_stretch` call (a `DecodeStretch`:
-          each request and its generated tokens named once, one group per step);
+          to the manager in one `KvClient.allocate_run` call (a `DecodeRun`: each
+          request, its generated tokens and its step count named once);
           each step's events are published as a batch of its own, stamped with that
           step's end, and each step's duration reads the KV usage after its growth.
         - Otherwise (the head's admission depends on what the cache holds, or
@@ -627,7 +627,7 @@ class MockEngine:
         self, plan: DecodeJump, held: list[KVEvent], outcome: StepOutcome | None
     ) -> None:
         """End a finishing jump's last step as `_execute` ends a step that finished
-        requests: free them (the ``outcome`` of the jump's `KvClient.finish_stretch`,
+        requests: free them (the ``outcome`` of the jump's `KvClient.finish_run`,
         or one `KvClient.finish_step` for a jump that allocated nothing; no probe:
         nobody waits), then the step's batch (``held``, its allocations' events, then
         the free's) and its usage sample."""

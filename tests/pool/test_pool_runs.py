@@ -352,7 +352,9 @@ def test_admit_each_runs_is_admit_each(ids: str, seed: int, counts: list[int]) -
     def per_block(pool: BlockPool, held: list[list[int]]) -> object:
         tails = [held[i % len(held)][-1] if held else -1 for i in range(len(counts))]
         got = pool.admit_each(counts, tails)
-        return None if got is None else ([i & LOW for i in got[0]], sum(got[1], []))
+        if got is None:
+            return None
+        return [i & LOW for i in got[0]], [h for hs in got[1] for h in hs]
 
     def ranged(pool: BlockPool, held: list[list[int]]) -> object:
         tails = [held[i % len(held)][-1] if held else -1 for i in range(len(counts))]
