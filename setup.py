@@ -30,6 +30,7 @@ CORE = [
     "kvpool/engine/simulation.py",
     "kvpool/manager/kv_manager.py",
     "kvpool/manager/request.py",
+    "kvpool/manager/run_slots.py",
     "kvpool/manager/validation.py",
     "kvpool/workloads/tokens.py",
     "kvpool/workloads/trace_rows.py",

@@ -10,7 +10,7 @@ import msgspec
 from kvpool.events import KVEvent
 from kvpool.messages.values import PoolUsage
 from kvpool.pool import BlockId
-from kvpool.pool.runs import add_descent, expand, expand_descents, extend_runs, runs_length
+from kvpool.pool.runs import expand, expand_descents, runs_length
 
 
 class Allocation(msgspec.Struct, frozen=True, gc=False):
@@ -199,33 +199,9 @@ class DecodeRun(msgspec.Struct, frozen=True, gc=False):
     def stretch(self, block_size: int) -> DecodeStretch:
         """The `DecodeStretch` this run stands for with blocks of ``block_size`` tokens:
         the same slots, step by step, in request order within a step."""
-        slots: list[tuple[int, int]] = []  # (step, request)
-        for i in range(len(self.request_ids)):
-            for first in (self.grows[i], self.fills[i]):
-                if first >= 0:
-                    slots.extend((s, i) for s in range(first, self.steps, block_size))
-        slots = sorted(set(slots))
-        previous = [-1] * len(self.request_ids)  # each request's last slot so far
-        last = list(previous)
-        for step, i in slots:
-            last[i] = step
-        members: list[int] = []
-        targets: list[int] = []
-        appends: list[int] = []
-        step_ends: list[int] = []
-        for k, (step, i) in enumerate(slots):
-            members.append(i)
-            targets.append(self.targets[i] + step)
-            if previous[i] < 0:
-                appends.append(len(self.new_tokens[i]) - (last[i] - step))
-            else:
-                appends.append(step - previous[i])
-            previous[i] = step
-            if k + 1 == len(slots) or slots[k + 1][0] != step:
-                step_ends.append(k + 1)
-        return DecodeStretch(
-            list(self.request_ids), list(self.new_tokens), members, targets, appends, step_ends
-        )
+        from kvpool.manager.run_slots import run_stretch  # it builds this module's types
+
+        return run_stretch(self, block_size)
 
 
 class RunAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
@@ -252,23 +228,9 @@ class RunAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
         """``allocate_stretch``'s ``result`` of the ``stretch`` a run stands for
         (`DecodeRun.stretch`), in the run's form: each request's allocations joined into
         one, the removed hashes into one list."""
-        joined: list[list[int]] = [[] for _ in stretch.request_ids]
-        removed: list[int] = []
-        allocations = result.allocations
-        for k in range(len(allocations)):
-            allocation = allocations[k]
-            extend_runs(joined[stretch.members[k]], allocation.block_runs)
-            for r in range(0, len(allocation.removed_runs), 2):
-                add_descent(removed, allocation.removed_runs[r], allocation.removed_runs[r + 1])
-        return cls(
-            [Allocation(blocks, 0, []) for blocks in joined],
-            len(allocations),
-            removed,
-            result.kv_events,
-            result.events,
-            result.stats,
-            result.cost,
-        )
+        from kvpool.manager.run_slots import run_result  # it builds this module's types
+
+        return run_result(stretch, result)
 
 
 class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):

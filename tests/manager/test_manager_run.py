@@ -254,6 +254,61 @@ def test_a_run_stands_for_its_slots_step_by_step() -> None:
     assert both.stretch(4) == DecodeStretch(["a", "b"], [[], []], [0, 1], [4, 4], [0, 0], [2])
 
 
+def plain_stretch(run: DecodeRun, block_size: int) -> DecodeStretch:
+    """`DecodeRun.stretch` read off its docstring, slot by slot: the model its compiled
+    form is checked against."""
+    slots = sorted(
+        {
+            (step, i)
+            for i in range(len(run.request_ids))
+            for first in (run.grows[i], run.fills[i])
+            if first >= 0
+            for step in range(first, run.steps, block_size)
+        }
+    )
+    last = {i: step for step, i in slots}
+    previous: dict[int, int] = {}
+    members, targets, appends, step_ends = [], [], [], []
+    for k, (step, i) in enumerate(slots):
+        members.append(i)
+        targets.append(run.targets[i] + step)
+        if i in previous:
+            appends.append(step - previous[i])
+        else:  # all but a token a step from here to the last slot
+            appends.append(len(run.new_tokens[i]) - (last[i] - step))
+        previous[i] = step
+        if k + 1 == len(slots) or slots[k + 1][0] != step:
+            step_ends.append(k + 1)
+    return DecodeStretch(
+        list(run.request_ids), list(run.new_tokens), members, targets, appends, step_ends
+    )
+
+
+@given(
+    st.integers(1, 6).flatmap(
+        lambda steps: st.lists(
+            st.tuples(
+                st.integers(-1, steps - 1), st.integers(-1, steps - 1), st.integers(0, 9)
+            ).filter(lambda t: t[0] >= 0 or t[1] >= 0),
+            max_size=4,
+        ).map(lambda rows: (steps, rows))
+    ),
+    st.integers(1, 4),
+)
+def test_a_runs_slots_are_the_plain_model(drawn: tuple[int, list[Any]], block_size: int) -> None:
+    """Any run's stretch (its compiled spelling out) is the plain model's."""
+    steps, rows = drawn
+    run = DecodeRun(
+        [f"r{i}" for i in range(len(rows))],
+        [list(range(steps + 2)) for _ in rows],
+        [target for _, _, target in rows],
+        [grow for grow, _, _ in rows],
+        [fill for _, fill, _ in rows],
+        steps,
+    )
+    assert run.stretch(block_size) == plain_stretch(run, block_size)
+
+
 def two_holders() -> KvManager:
     """ "a" and "b" hold one block each (3 tokens, all computed); "w" waits."""
     manager = make(capacity=8)
