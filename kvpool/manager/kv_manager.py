@@ -60,7 +60,6 @@ from kvpool.hashing import BlockHasher, ChunkMemo
 from kvpool.hashing.run_keys import RunKeyer, RunMemo
 from kvpool.hashing.runs import TokenRuns
 from kvpool.manager.request import RequestState
-from kvpool.manager.run_slots import run_result, run_stretch
 from kvpool.manager.types import (
     Allocation,
     DecodeRun,
@@ -577,11 +576,11 @@ class KvManager:
             if type(at_once) is RunAllocations:
                 return at_once
             extended = at_once is True
-        stretch = run_stretch(checked, self._block_size)
+        stretch = checked.stretch(self._block_size)
         result = self._stretch_slots(
             states, tokens, stretch, probe, probe_member, stop_if_cost_changes, extended
         )
-        return run_result(stretch, result)
+        return RunAllocations.of_stretch(stretch, result)
 
     def finish_run(
         self, run: object, updates: Sequence[StepUpdate]

@@ -1,31 +1,42 @@
-"""A `DecodeRun` spelled out slot by slot, and a stretch's result gathered per request.
+"""A `DecodeRun`'s slots spelled out, and a stretch's allocations gathered per request.
 
-`kvpool.manager.types.DecodeRun` defines its slots; these are the two conversions
-between a run and the `DecodeStretch` it stands for, compiled (mypyc) because
-`KvManager.allocate_run` takes them on every run it cannot do at once (a probe, or
-events on: `kvpool serve`'s runs), where the interpreted loops cost as much as the
-pool's work.
+`kvpool.manager.types.DecodeRun` defines its slots and `RunAllocations` its result; these
+are the loops behind ``DecodeRun.stretch`` and ``RunAllocations.of_stretch``, compiled
+(mypyc) because `KvManager.allocate_run` takes them on every run it cannot do at once
+(a probe, or events on: `kvpool serve`'s runs), where interpreted they cost as much as
+the pool's work.
 """
 
 from __future__ import annotations
 
-from kvpool.manager.types import (
-    Allocation,
-    DecodeRun,
-    DecodeStretch,
-    RunAllocations,
-    StretchAllocations,
-)
+from collections.abc import Sequence
+from typing import Protocol
+
 from kvpool.pool.runs import add_descent, extend_runs
 
 
-def run_stretch(run: DecodeRun, block_size: int) -> DecodeStretch:
-    """`DecodeRun.stretch`: the run's slots, step by step, in request order within a
-    step."""
-    count = len(run.request_ids)
-    steps = run.steps
-    grows = run.grows
-    fills = run.fills
+class SlotBlocks(Protocol):
+    """What `gather` reads of a slot's allocation (`kvpool.manager.types.Allocation`)."""
+
+    @property
+    def block_runs(self) -> list[int]: ...
+
+    @property
+    def removed_runs(self) -> list[int]: ...
+
+
+def spell_out(
+    grows: list[int],
+    fills: list[int],
+    targets: list[int],
+    sizes: list[int],
+    steps: int,
+    block_size: int,
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The ``members``, ``targets``, ``appends`` and ``step_ends`` of a run's stretch
+    (`DecodeRun.stretch`), from its fields (``sizes``: how many new tokens each request
+    has)."""
+    count = len(grows)
     keys: list[int] = []  # a slot at step s of request i is s * count + i: sorted, in order
     last: list[int] = []  # each request's last slot
     for i in range(count):
@@ -37,10 +48,8 @@ def run_stretch(run: DecodeRun, block_size: int) -> DecodeStretch:
         last.append(end)
     keys.sort()
     previous = [-1] * count
-    run_targets = run.targets
-    new_tokens = run.new_tokens
     members: list[int] = []
-    targets: list[int] = []
+    slot_targets: list[int] = []
     appends: list[int] = []
     step_ends: list[int] = []
     seen = -1
@@ -54,36 +63,26 @@ def run_stretch(run: DecodeRun, block_size: int) -> DecodeStretch:
             step_ends.append(len(members))
         step = at
         members.append(i)
-        targets.append(run_targets[i] + at)
+        slot_targets.append(targets[i] + at)
         before = previous[i]
-        appends.append(len(new_tokens[i]) - (last[i] - at) if before < 0 else at - before)
+        appends.append(sizes[i] - (last[i] - at) if before < 0 else at - before)
         previous[i] = at
     if members:
         step_ends.append(len(members))
-    return DecodeStretch(
-        list(run.request_ids), list(new_tokens), members, targets, appends, step_ends
-    )
+    return members, slot_targets, appends, step_ends
 
 
-def run_result(stretch: DecodeStretch, result: StretchAllocations) -> RunAllocations:
-    """`RunAllocations.of_stretch`: ``result`` of the ``stretch`` a run stands for, each
-    request's allocations joined into one, the removed hashes into one list."""
-    joined: list[list[int]] = [[] for _ in stretch.request_ids]
+def gather(
+    count: int, members: list[int], allocations: Sequence[SlotBlocks]
+) -> tuple[list[list[int]], list[int]]:
+    """Per request (``count`` of them), the block runs its slots' ``allocations``
+    appended, joined; and every slot's removed hashes, as one list of descending runs."""
+    joined: list[list[int]] = [[] for _ in range(count)]
     removed: list[int] = []
-    members = stretch.members
-    allocations = result.allocations
     for k in range(len(allocations)):
         allocation = allocations[k]
         extend_runs(joined[members[k]], allocation.block_runs)
         removed_runs = allocation.removed_runs
         for r in range(0, len(removed_runs), 2):
             add_descent(removed, removed_runs[r], removed_runs[r + 1])
-    return RunAllocations(
-        [Allocation(blocks, 0, []) for blocks in joined],
-        len(allocations),
-        removed,
-        result.kv_events,
-        result.events,
-        result.stats,
-        result.cost,
-    )
+    return joined, removed

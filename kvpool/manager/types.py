@@ -8,6 +8,7 @@ from typing import cast
 import msgspec
 
 from kvpool.events import KVEvent
+from kvpool.manager.run_slots import gather, spell_out
 from kvpool.messages.values import PoolUsage
 from kvpool.pool import BlockId
 from kvpool.pool.runs import expand, expand_descents, runs_length
@@ -199,9 +200,17 @@ class DecodeRun(msgspec.Struct, frozen=True, gc=False):
     def stretch(self, block_size: int) -> DecodeStretch:
         """The `DecodeStretch` this run stands for with blocks of ``block_size`` tokens:
         the same slots, step by step, in request order within a step."""
-        from kvpool.manager.run_slots import run_stretch  # it builds this module's types
-
-        return run_stretch(self, block_size)
+        members, targets, appends, step_ends = spell_out(
+            self.grows,
+            self.fills,
+            self.targets,
+            [len(tokens) for tokens in self.new_tokens],
+            self.steps,
+            block_size,
+        )
+        return DecodeStretch(
+            list(self.request_ids), list(self.new_tokens), members, targets, appends, step_ends
+        )
 
 
 class RunAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
@@ -228,9 +237,16 @@ class RunAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
         """``allocate_stretch``'s ``result`` of the ``stretch`` a run stands for
         (`DecodeRun.stretch`), in the run's form: each request's allocations joined into
         one, the removed hashes into one list."""
-        from kvpool.manager.run_slots import run_result  # it builds this module's types
-
-        return run_result(stretch, result)
+        joined, removed = gather(len(stretch.request_ids), stretch.members, result.allocations)
+        return cls(
+            [Allocation(blocks, 0, []) for blocks in joined],
+            len(result.allocations),
+            removed,
+            result.kv_events,
+            result.events,
+            result.stats,
+            result.cost,
+        )
 
 
 class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):

@@ -69,7 +69,7 @@ from kvpool.errors import (
 )
 from kvpool.pool.extent import PIN, PRIVATE, REF_MASK, Extent
 from kvpool.pool.items import as_list as _as_list
-from kvpool.pool.runs import add_descent, expand_descents, overlapping, slice_runs
+from kvpool.pool.runs import BOXED_BITS, add_descent, expand_descents, overlapping, slice_runs
 from kvpool.pool.runs import add_run as _add_run
 from kvpool.pool.runs import expand as _expand
 from kvpool.pool.types import (
@@ -100,7 +100,6 @@ _SERIALS_PER_RANGE: Final = 1 << 12
 # history give their copies ids equal in the low 32 bits (slot and offset).
 _serial_ranges = count(1)
 _PIN_TO_REF: Final = 1 - PIN  # added to ``holds``: one pin becomes one reference
-_MAX_UNBOXED: Final = (1 << 62) - 1  # the largest int mypyc keeps as a machine word
 
 
 class BlockPool:
@@ -854,7 +853,7 @@ class BlockPool:
                 if not _is_hash(key):
                     _bad_hash(key)
                 start = cast(int, key)
-                if start > _MAX_UNBOXED:
+                if start.bit_length() > BOXED_BITS:
                     if start in self._buckets:
                         return True
                     left -= 1
@@ -879,7 +878,7 @@ class BlockPool:
         if type(block_hash) is not int:
             _bad_hash(block_hash)
         key = block_hash
-        if not 0 <= key <= _MAX_UNBOXED:  # a bucket of its own, every extent in it holds it
+        if key.bit_length() > BOXED_BITS or key < 0:  # a bucket of its own
             alone = self._buckets.get(key)
             if alone is None:
                 if not _is_hash(key):
@@ -999,7 +998,7 @@ class BlockPool:
             key = cast(int, hashes[r])
             left = cast(int, hashes[r + 1])
             while left:
-                if key > _MAX_UNBOXED:
+                if key.bit_length() > BOXED_BITS:
                     n = 1
                     offset = 0
                 else:
@@ -1051,7 +1050,7 @@ class BlockPool:
         ``position`` on: ``firsts`` (runs of positions) gets those that are their hash's
         first resident copy. Returns the position after them."""
         while True:
-            if key > _MAX_UNBOXED:
+            if key.bit_length() > BOXED_BITS:
                 rest = self._split(extent, 1) if extent.n > 1 else None
                 alone = self._buckets.get(key)
                 if alone is None:
@@ -1107,7 +1106,7 @@ class BlockPool:
         the two are alike and continue each other (ids, hashes, one bucket, never let
         go of) and no other copy holds its hashes: a table cached block by block (a
         decode) stays one extent."""
-        if extent.hash > _MAX_UNBOXED or not extent.holds or extent.stamp:
+        if extent.hash.bit_length() > BOXED_BITS or not extent.holds or extent.stamp:
             return
         if not extent.hash & _BUCKET_MASK:
             return
@@ -1151,7 +1150,7 @@ class BlockPool:
         self._num_inactive += extent.n
         if (
             tail.id == extent.id + extent.n
-            and extent.hash <= _MAX_UNBOXED
+            and extent.hash.bit_length() <= BOXED_BITS
             and tail.hash == extent.hash + extent.n
             and tail.stamp + tail.n == extent.stamp
             and tail.id & _PAGE_MASK
@@ -1176,7 +1175,7 @@ class BlockPool:
         entry = self._buckets[_bucket_key(low)]
         if type(entry) is Extent:
             return True  # the bucket's only extent (this one)
-        if low > _MAX_UNBOXED:
+        if low.bit_length() > BOXED_BITS:
             return False  # every extent of its bucket holds its one hash
         high = low + extent.n
         for other in cast("list[Extent]", entry):
@@ -1215,7 +1214,7 @@ class BlockPool:
             extent = cast(Extent, sentinel.next)  # count <= inactive: never the sentinel
             n = extent.n
             taken = n if n <= count else count
-            if extent.hash > _MAX_UNBOXED:  # it holds one copy, its bucket's only hash
+            if extent.hash.bit_length() > BOXED_BITS:  # it holds one copy, its bucket's only hash
                 key = extent.hash
                 if type(self._buckets[key]) is Extent:  # the last copy: the hash goes
                     del self._buckets[key]
@@ -1561,7 +1560,7 @@ class BlockPool:
                 _require(live.get(id(extent)) is extent, f"bucket {bucket_key} holds a dead copy")
                 _require(
                     (extent.hash + extent.n - 1) >> _BUCKET_BITS == bucket_key
-                    if extent.hash <= _MAX_UNBOXED
+                    if extent.hash.bit_length() <= BOXED_BITS
                     else extent.hash == bucket_key and extent.n == 1,
                     f"extent at {extent.id} is not within its bucket {bucket_key}",
                 )
@@ -1642,9 +1641,10 @@ def _is_hash(value: object) -> bool:
     """An int in [0, 2**64). A function, so callers keep the caller's int object as is."""
     if type(value) is not int:
         return False
-    if 0 <= value <= _MAX_UNBOXED:  # compiled: compares as machine words, no boxing
-        return True
-    return 0 <= value <= MAX_HASH
+    bits = value.bit_length()
+    if bits <= BOXED_BITS:
+        return value >= 0  # compiled: a machine word's comparison
+    return bits <= 64 and value > 0
 
 
 def _check_limit(limit: object, size: int) -> int:
@@ -1665,7 +1665,7 @@ def _runs_of(items: list[object]) -> list[object]:
     while i < size:
         first = items[i]
         n = 1
-        if type(first) is int and first <= _MAX_UNBOXED:  # no arithmetic on a big one
+        if type(first) is int and first.bit_length() <= BOXED_BITS:  # no arithmetic on a big one
             while i + n < size:
                 item = items[i + n]
                 if type(item) is not int or item != first + n:
@@ -1719,7 +1719,7 @@ def _check_hashes(runs: list[object], start: int, stop: int) -> None:
 def _bucket_key(block_hash: int) -> int:
     """The bucket of a cached hash: ``hash >> 6``, or a hash above ``2**62 - 1`` itself
     (module docstring)."""
-    if block_hash > _MAX_UNBOXED:
+    if block_hash.bit_length() > BOXED_BITS:
         return block_hash
     return block_hash >> _BUCKET_BITS
 

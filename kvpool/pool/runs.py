@@ -11,11 +11,20 @@ Compiled with mypyc with the pool core (setup.py).
 
 from __future__ import annotations
 
+from typing import Final
+
+BOXED_BITS: Final = 62
+"""Ints of at most this many bits are machine words to mypyc; a larger one is boxed, and
+each arithmetic or comparison on it with a constant allocates. A boxed int (a token
+hash, an id never is) starts a run of its own: a run is only a shorter spelling, and
+token hashes never follow each other, so merging one would cost every append and save
+nothing. ``x.bit_length() > BOXED_BITS`` is the cheap way to ask."""
+
 
 def add_run(runs: list[int], first: int, count: int) -> None:
     """Append ``count >= 1`` consecutive ints from ``first`` to ``runs``, continuing its
-    last run when they follow it."""
-    if runs and runs[-2] + runs[-1] == first:
+    last run when they follow it (`BOXED_BITS`: not a boxed one's)."""
+    if runs and first.bit_length() <= BOXED_BITS and runs[-2] + runs[-1] == first:
         runs[-1] += count
     else:
         runs.append(first)
@@ -67,8 +76,8 @@ def slice_runs(runs: list[int], start: int, stop: int) -> list[int]:
 def add_descent(runs: list[int], top: int, count: int) -> None:
     """Append the ``count >= 1`` ints ``top, top - 1, ...`` to the *descending* runs
     ``runs`` (flat ``top, count`` pairs: an extent's copies are evicted last first),
-    continuing its last run when they follow it."""
-    if runs and runs[-2] - runs[-1] == top:
+    continuing its last run when they follow it (`BOXED_BITS`: not a boxed one's)."""
+    if runs and top.bit_length() <= BOXED_BITS and runs[-2] - runs[-1] == top:
         runs[-1] += count
     else:
         runs.append(top)
@@ -163,6 +172,7 @@ def runs_length(runs: list[int]) -> int:
 
 
 __all__ = [
+    "BOXED_BITS",
     "add_descent",
     "add_run",
     "descents_of",
