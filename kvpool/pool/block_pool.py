@@ -1710,8 +1710,8 @@ def _check_hashes(runs: list[object], start: int, stop: int) -> None:
             first = runs[r]
             if not _is_hash(first):
                 _bad_hash(first)
-            last = cast(int, first) + min(position + n, stop) - 1 - position
-            if last > MAX_HASH:
+            beyond = min(position + n, stop) - 1 - position  # the run's last read hash
+            if beyond and cast(int, first) + beyond > MAX_HASH:  # (no addition for one)
                 _bad_hash(max(MAX_HASH + 1, cast(int, first) + start - position))
         position += n
 
