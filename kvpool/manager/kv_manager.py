@@ -1511,7 +1511,8 @@ class KvManager:
         table = state.table
         chain = state.chain
         if stop - start == 1 and not stored_count:  # a decode step filling its block
-            if self._pool.cache_private(BlockId(run_at(table, start)), run_at(chain, start)):
+            block_id = run_at(table, start, state.num_blocks)
+            if self._pool.cache_private(BlockId(block_id), run_at(chain, start, state.num_hashed)):
                 self._stored(state, start, stop)
             return
         firsts: list[int] = []  # positions from ``start`` of the first copies, as runs

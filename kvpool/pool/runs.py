@@ -108,8 +108,18 @@ def last_of(runs: list[int]) -> int:
     return runs[-2] + runs[-1] - 1 if runs else -1
 
 
-def run_at(runs: list[int], position: int) -> int:
-    """The int at ``position`` of ``runs`` (which must hold it)."""
+def run_at(runs: list[int], position: int, length: int = -1) -> int:
+    """The int at ``position`` of ``runs`` (which must hold it). Given ``runs``' length,
+    a position in its second half is found from the end (a table's last block, one run
+    a block for token hashes, costs a step, not a walk of the chain)."""
+    if length > 0 and 2 * position >= length:
+        back = length - position  # from the end: the last int is 1 back
+        for r in range(len(runs) - 2, -1, -2):
+            count = runs[r + 1]
+            if back <= count:
+                return runs[r] + count - back
+            back -= count
+        raise IndexError("position out of the runs")
     for r in range(0, len(runs), 2):
         count = runs[r + 1]
         if position < count:

@@ -25,6 +25,7 @@ from kvpool.pool.runs import (
     expand,
     expand_descents,
     overlapping,
+    run_at,
     runs_length,
     runs_of,
     slice_runs,
@@ -332,12 +333,22 @@ def test_a_table_named_twice_releases_twice_or_is_refused() -> None:
 # ------------------------------------------------------------------ run helpers
 
 
+CONSECUTIVE = st.lists(
+    st.tuples(st.integers(0, 2**64) | st.integers(BIG - 3, BIG + 3), st.integers(1, 4)),
+    max_size=10,
+).map(lambda pieces: [first + i for first, n in pieces for i in range(n)])
+"""Ints in runs of consecutive ones (some crossing ``2**62``), or lone ones."""
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 2**64), max_size=30), st.integers(0, 35), st.integers(0, 35))
+@given(CONSECUTIVE, st.integers(0, 35), st.integers(0, 35))
 def test_run_helpers_agree_with_lists(items: list[int], start: int, stop: int) -> None:
     runs = runs_of(items)
     assert expand(runs) == items
     assert runs_length(runs) == len(items)
+    for position, item in enumerate(items):
+        assert run_at(runs, position) == item
+        assert run_at(runs, position, len(items)) == item  # found from the end
     assert expand(slice_runs(runs, start, stop)) == items[start:stop]
     kept = list(runs)
     truncate_runs(kept, min(start, len(items)))
