@@ -83,7 +83,6 @@ from kvpool.manager.validation import (
 from kvpool.pool import BlockId, BlockPool
 from kvpool.pool.runs import (
     add_run,
-    descents_of,
     expand,
     expand_descents,
     extend_runs,
@@ -420,9 +419,8 @@ class KvManager:
         the pool, the same stops and the same probed cost, and the result that
         ``StretchAllocations.of_steps`` of `allocate_steps`' results would be. A
         fast-forward jump's allocations cost one check per request and per slot, not a
-        `SlotRequest`, a token list and a `StepAllocations` per step; with no probe and
-        events off, the pool calls are made request by request, not slot by slot, when
-        that is the same (`_stretch_at_once` says when).
+        `SlotRequest`, a token list and a `StepAllocations` per step. (The engine's jumps
+        use `allocate_run`, whose closed form this defines.)
 
         Every request of the stretch must hold blocks already (a decode stretch continues
         tables; none is a first allocation, so no counter but ``evictions`` and
@@ -533,16 +531,8 @@ class KvManager:
                     "tokens are placed in no slot"
                 )
         probe_member = self._probe_member(probe, stop_if_cost_changes, states)
-        extended = False  # every request's new tokens appended already (`_stretch_at_once`)
-        if probe is None and not self._record_events:
-            at_once = self._stretch_at_once(
-                states, tokens, stretch.members, stretch.targets, stretch.step_ends
-            )
-            if type(at_once) is StretchAllocations:
-                return at_once
-            extended = at_once is True
         return self._stretch_slots(
-            states, tokens, stretch, probe, probe_member, stop_if_cost_changes, extended
+            states, tokens, stretch, probe, probe_member, stop_if_cost_changes, False
         )
 
     def allocate_run(
@@ -681,14 +671,16 @@ class KvManager:
         Each request's slots are walked as two progressions (its table's growths, its
         blocks' fills), with no slot spelled out: the blocks each grows by and the
         slots per group that make blocks visible (one Stored event each). Its blocks are
-        taken in one `BlockPool.admit_each` (one admission per request, in request order:
-        the evictions are the stretch's, from the LRU head) and cached in one
-        `cache_runs`. That is the stretch's result whenever `_stretch_at_once`'s
-        conditions hold (every slot fits; no hash the run caches resident or cached
-        twice) and, as the stretch counts one Removed event per growth that evicted a
-        last copy, every copy the run evicts is its hash's last (`BlockPool
-        .evicts_last_copies`): then a growth has its Removed event exactly when free
-        capacity ran out before its last block, in slot order.
+        taken in one `BlockPool.admit_each_runs` (one admission per request, in request
+        order: the evictions are the stretch's, from the LRU head) and cached in one
+        `cache_runs`. That is the stretch's result whenever
+        - every slot fits: admissions only take, so they do if the run's total does;
+        - no hash the run caches is resident or cached twice: then caching a block
+          changes neither the LRU nor any eviction, and each is its hash's first copy;
+        - every copy the run evicts is its hash's last (`BlockPool.evicts_last_copies`):
+          as the stretch counts one Removed event per growth that evicted a last copy,
+          a growth then has its Removed event exactly when free capacity ran out before
+          its last block, in slot order.
         """
         pool = self._pool
         bs = self._block_size
@@ -899,101 +891,6 @@ class KvManager:
             start = end
         return StretchAllocations(allocations, kv_events, events, self.stats(), cost)
 
-    def _stretch_at_once(
-        self,
-        states: list[RequestState],
-        tokens: list[array[int] | range],
-        members: list[int],
-        targets: list[int],
-        ends: list[int],
-    ) -> StretchAllocations | bool:
-        """A checked stretch with no probe and events off, done request by request
-        rather than slot by slot when that is the same: returns its result, or False
-        (nothing changed) or True (every request's new tokens appended, nothing else
-        changed) for `allocate_stretch` to do it slot by slot.
-
-        Slot by slot, each slot appends its tokens, takes its table's fresh blocks (an
-        `admit` evicting from the LRU head) and caches the blocks it fills. Here every
-        request's tokens are appended at once, every slot's fresh blocks are taken in
-        one `BlockPool.admit_each` (in slot order: the same copies, ids and evictions),
-        and each request's newly filled blocks are cached in one `cache_chain`. That is
-        the same whenever
-        - every slot fits: admissions only take, so they do if the stretch's total does
-          (else a slot would stop the stretch part way: slot by slot then);
-        - no hash the stretch caches is resident or cached twice (checked once the keys
-          are known): then caching a block changes neither the LRU nor any eviction,
-          and an eviction never touches a hash the stretch caches, so caching moves
-          past the evictions freely, and each cached block is its hash's first copy.
-        The events it counts are those slot by slot: per slot, one Removed if its
-        admission removed a hash, and one Stored if it made blocks visible (they are
-        one run of first copies).
-        """
-        pool = self._pool
-        bs = self._block_size
-        caching = self._caching
-        length = [state.num_blocks for state in states]
-        computed = [state.computed for state in states]
-        visible = [state.visible for state in states]
-        first_visible = list(visible)
-        counts: list[int] = []  # each growing slot's fresh blocks, in slot order
-        tails: list[int] = []  # and its table's last block before the stretch
-        grows_at: list[int] = []  # and its slot
-        grows_in: list[int] = []  # and its step
-        shown = [0] * len(ends)  # per step, its slots that make blocks cache-visible
-        total = 0
-        start = 0
-        for step in range(len(ends)):
-            end = ends[step]
-            for k in range(start, end):
-                member = members[k]
-                target = targets[k]
-                need = -(-target // bs)
-                if need > length[member]:
-                    fresh = need - length[member]
-                    counts.append(fresh)
-                    tails.append(last_of(states[member].table))
-                    grows_at.append(k)
-                    grows_in.append(step)
-                    total += fresh
-                    length[member] = need
-                if target > computed[member]:  # `_advance`
-                    computed[member] = target
-                    if caching and target // bs > visible[member]:
-                        visible[member] = target // bs
-                        shown[step] += 1
-            start = end
-        if total > pool.capacity - pool.num_active():
-            return False
-        cached = self._hear_all(states, tokens, first_visible, visible)
-        if cached is None:
-            return True
-        ids, removed = self._admit_all(counts, tails)
-        # Every slot allocates nothing but the growths', set below in their places.
-        allocations = [_NOTHING] * len(members)
-        next_id = 0
-        for g in range(len(counts)):
-            fresh = counts[g]
-            new_ids: list[int] = []
-            for block_id in ids[next_id : next_id + fresh]:
-                add_run(new_ids, block_id, 1)
-            next_id += fresh
-            gone = removed[g]
-            if gone:
-                gone = descents_of(gone)
-                shown[grows_in[g]] += 1  # its Removed event, counted with the Stored ones
-            grown = states[members[grows_at[g]]]
-            extend_runs(grown.table, new_ids)
-            grown.num_blocks += fresh
-            allocations[grows_at[g]] = Allocation(new_ids, 0, gone)
-        kv_events: list[int] = []
-        events = self._num_events
-        for step in range(len(ends)):
-            events += shown[step]
-            kv_events.append(events)
-        self._num_events = events
-        self._cache_all(states, computed, first_visible, visible, cached)
-        return StretchAllocations(allocations, kv_events, [], self.stats(), None)
-
     def _hear_all(
         self,
         states: list[RequestState],
@@ -1001,10 +898,10 @@ class KvManager:
         first_visible: list[int],
         visible: list[int],
     ) -> list[int] | None:
-        """The at-once paths' (`_stretch_at_once`, `_run_at_once`) appending of every
-        request's new tokens; then the hashes of the blocks each makes visible (from
-        ``first_visible`` up to ``visible``), request by request, or None when one of
-        them is resident or cached twice (caching them at once would not be the same)."""
+        """`_run_at_once`'s appending of every request's new tokens; then the hashes of
+        the blocks each makes visible (from ``first_visible`` up to ``visible``), request
+        by request, or None when one of them is resident or cached twice (caching them
+        at once would not be the same)."""
         for i in range(len(states)):
             if len(tokens[i]):
                 states[i].extend(tokens[i])
@@ -1017,15 +914,6 @@ class KvManager:
                 return None
         return cached
 
-    def _admit_all(
-        self, counts: list[int], tails: list[int]
-    ) -> tuple[list[BlockId], list[list[int]]]:
-        """The at-once paths' growths: `BlockPool.admit_each`, which fits (checked)."""
-        taken = self._pool.admit_each(counts, tails)
-        if taken is None:  # unreachable: the total fits
-            raise InvariantViolationError("a decode's admissions did not fit after all")
-        return taken
-
     def _cache_all(
         self,
         states: list[RequestState],
@@ -1034,7 +922,7 @@ class KvManager:
         visible: list[int],
         cached: list[int],
     ) -> None:
-        """The at-once paths' end: each request's computed count and watermark, and its
+        """`_run_at_once`'s end: each request's computed count and watermark, and its
         newly visible blocks cached under ``cached`` (`_hear_all`'s), in one call."""
         blocks: list[int] = []  # in the order of ``cached``
         for i in range(len(states)):
