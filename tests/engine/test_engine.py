@@ -20,14 +20,12 @@ from kvpool.errors import InvalidArgumentError, InvariantViolationError, Unknown
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import (
     DecodeRun,
-    DecodeStretch,
     KvManager,
     PrefillCost,
     RunAllocations,
     SlotRequest,
     StepAllocations,
     StepUpdate,
-    StretchAllocations,
 )
 from kvpool.pool import BlockPool
 from kvpool.workloads import RequestSpec, Segment, SyntheticWorkload, mix_seed
@@ -479,18 +477,6 @@ class CountingKv(LocalKvClient):
     ) -> list[StepAllocations]:
         self.slots.extend([slot.request_id for slot in slots] for slots in steps)
         return await super().allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
-
-    async def allocate_stretch(
-        self,
-        stretch: DecodeStretch,
-        probe: str | None = None,
-        *,
-        stop_if_cost_changes: PrefillCost | None = None,
-    ) -> StretchAllocations:
-        self.slots.extend([slot.request_id for slot in slots] for slots in stretch.steps())
-        return await super().allocate_stretch(
-            stretch, probe, stop_if_cost_changes=stop_if_cost_changes
-        )
 
     async def allocate_run(
         self,

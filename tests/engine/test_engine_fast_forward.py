@@ -185,8 +185,8 @@ class OneSlotKv(LocalKvClient):
 
 
 class CountingSteps(LocalKvClient):
-    """Records each `allocate_steps`, `allocate_stretch` and `finish_stretch` call: per
-    step, its slots' token counts."""
+    """Records each `allocate_steps`, `allocate_run` and `finish_run` call: per step,
+    its slots' token counts."""
 
     def __init__(self, manager: KvManager) -> None:
         super().__init__(manager)
@@ -201,24 +201,6 @@ class CountingSteps(LocalKvClient):
     ) -> list[StepAllocations]:
         self.calls.append([[slot.num_tokens for slot in slots] for slots in steps])
         return await super().allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
-
-    async def allocate_stretch(
-        self,
-        stretch: DecodeStretch,
-        probe: str | None = None,
-        *,
-        stop_if_cost_changes: PrefillCost | None = None,
-    ) -> StretchAllocations:
-        self.calls.append([[slot.num_tokens for slot in slots] for slots in stretch.steps()])
-        return await super().allocate_stretch(
-            stretch, probe, stop_if_cost_changes=stop_if_cost_changes
-        )
-
-    async def finish_stretch(
-        self, stretch: DecodeStretch, updates: list[StepUpdate]
-    ) -> tuple[StretchAllocations, StepOutcome]:
-        self.calls.append([[slot.num_tokens for slot in slots] for slots in stretch.steps()])
-        return await super().finish_stretch(stretch, updates)
 
     async def allocate_run(
         self,
