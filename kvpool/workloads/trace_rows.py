@@ -26,7 +26,7 @@ today's longest context windows): more is a corrupt line, not a request."""
 SEGMENTS_HELD: Final = 1 << 16
 """Most whole-block segments a reader's cache holds (then it starts afresh)."""
 
-_MAX_ID: Final = (1 << 64) - 1
+_ID_BITS: Final = 64
 _OUTPUT_DOMAIN: Final = 2  # keeps output seeds apart from prompt seeds (domain 1)
 _output_seed = seed_mixer(_OUTPUT_DOMAIN)  # mix_seed(_OUTPUT_DOMAIN, line number)
 
@@ -76,7 +76,8 @@ def line_request(
             number,
         )
     for hash_id in ids:  # not empty: input_length >= 1
-        if not 0 <= hash_id <= _MAX_ID:
+        # bit_length, not a comparison with 2**64 - 1: compiled, that boxes the constant
+        if hash_id < 0 or hash_id.bit_length() > _ID_BITS:
             raise _fail(f"hash_ids must be ints in [0, 2**64), got {hash_id}", source, number)
     if len(whole) > SEGMENTS_HELD:
         whole.clear()
