@@ -16,6 +16,8 @@ CORE = [
     "kvpool/pool/extent.py",
     "kvpool/pool/types.py",
     "kvpool/pool/runs.py",
+    "kvpool/hashing/block_hash.py",
+    "kvpool/hashing/hasher.py",
     "kvpool/hashing/run_keys.py",
     "kvpool/engine/metrics.py",
     "kvpool/engine/request.py",

@@ -24,6 +24,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
+from typing import cast
 
 import xxhash
 
@@ -71,13 +72,13 @@ def pack_tokens(tokens: Sequence[int]) -> bytes:
     return packed.tobytes()
 
 
-def check_block_size(block_size: int) -> None:
+def check_block_size(block_size: object) -> None:
     """Raise `InvalidArgumentError` unless ``block_size`` is an ``int >= 1``."""
     if type(block_size) is not int or block_size < 1:
         raise InvalidArgumentError(f"block_size must be an int >= 1, got {block_size!r}")
 
 
-def check_parent(parent: int | None) -> None:
+def check_parent(parent: object) -> None:
     """Raise `InvalidHashError` unless ``parent`` is None or an int in ``[0, 2**64)``."""
     if parent is not None and (type(parent) is not int or not 0 <= parent <= MAX_HASH):
         raise InvalidHashError(f"parent hash must be None or an int in [0, 2**64), got {parent!r}")
@@ -92,7 +93,7 @@ def local_block_hash(tokens: Sequence[int]) -> int:
     return _xxh3(pack_tokens(tokens), BLOCK_HASH_SEED)
 
 
-def sequence_hash(parent: int | None, local: int) -> int:
+def sequence_hash(parent: object, local: object) -> int:
     """Return a block's sequence hash from its parent's sequence hash and its local hash.
 
     ``parent`` None (the first block) returns ``local`` itself; otherwise xxh3_64(seed
@@ -129,14 +130,14 @@ def hash_packed_blocks(
     return hashes
 
 
-def local_block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+def local_block_hashes(tokens: Sequence[int], block_size: object) -> list[int]:
     """Return the local (unchained) hash of every full block, like Dynamo's
     ``compute_block_hash_for_seq``; the partial tail is ignored.
 
     Raises `InvalidArgumentError` for a bad ``block_size`` or token.
     """
     check_block_size(block_size)
-    stride = block_size * _TOKEN_BYTES
+    stride = cast(int, block_size) * _TOKEN_BYTES
     view = memoryview(pack_tokens(tokens))
     return [
         _xxh3(view[start : start + stride], BLOCK_HASH_SEED)
@@ -144,7 +145,9 @@ def local_block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
     ]
 
 
-def block_hashes(tokens: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+def block_hashes(
+    tokens: Sequence[int], block_size: object, parent: object = None
+) -> list[int]:
     """Return the sequence hash of every full block of ``tokens`` (partial tail ignored).
 
     ``parent`` is the sequence hash of the block just before ``tokens`` (None when they
@@ -153,4 +156,6 @@ def block_hashes(tokens: Sequence[int], block_size: int, parent: int | None = No
     """
     check_block_size(block_size)
     check_parent(parent)
-    return hash_packed_blocks(pack_tokens(tokens), block_size, parent)
+    return hash_packed_blocks(
+        pack_tokens(tokens), cast(int, block_size), cast("int | None", parent)
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import cast
 
 from kvpool.errors import InvalidArgumentError
 from kvpool.hashing.block_hash import (
@@ -33,7 +34,7 @@ class BlockHasher:
     __slots__ = ("_block_size", "_hashes", "_last", "_memo", "_num_tokens", "_parent", "_tail")
 
     def __init__(
-        self, block_size: int, parent: int | None = None, *, memo: ChunkMemo | None = None
+        self, block_size: object, parent: object = None, *, memo: ChunkMemo | None = None
     ) -> None:
         """Start an empty sequence; ``parent`` chains it after an existing block's hash;
         ``memo`` (of the same ``block_size``) remembers whole chunks across hashers.
@@ -48,9 +49,9 @@ class BlockHasher:
                 f"the memo hashes {memo.block_size}-token blocks, not {block_size}"
             )
         self._memo = memo
-        self._block_size = block_size
-        self._parent = parent
-        self._last = parent  # sequence hash of the last full block (or the parent)
+        self._block_size = cast(int, block_size)
+        self._parent = cast("int | None", parent)
+        self._last = self._parent  # sequence hash of the last full block (or the parent)
         self._hashes: list[int] = []
         self._tail = bytearray()  # LE-u32 bytes of the tokens after the last full block
         self._num_tokens = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from typing import cast
 
 from kvpool.hashing import BlockHasher
 from kvpool.hashing.run_keys import RunKeyer, RunMemo
@@ -91,31 +92,35 @@ class RequestState:
         hash (or key) the blocks they complete."""
         self.num_tokens += len(tokens)
         keyer = self.keyer
+        # `type() is`, not isinstance: TokenRuns is a Sequence, and an ABC's check is slow
+        kind = type(tokens)
         if keyer is not None:
-            if isinstance(tokens, range):
-                keyer.extend_span(tokens.start, len(tokens))
-            elif isinstance(tokens, TokenRuns):
-                keyer.extend(tokens)
+            if kind is range:
+                keyer.extend_span(cast(range, tokens).start, len(tokens))
+            elif kind is TokenRuns:
+                keyer.extend(cast(TokenRuns, tokens))
             else:
                 keyer.extend(TokenRuns.from_tokens(tokens))
             return
-        if isinstance(tokens, range):
+        if kind is range:
             tokens = array(TOKEN_TYPECODE, tokens)
         hasher = self.hasher
-        if isinstance(tokens, TokenRuns):
-            packed = tokens.to_array()
+        if kind is TokenRuns:
+            runs = cast(TokenRuns, tokens)
+            packed = runs.to_array()
             self.tokens.extend(packed)
             if hasher is not None:
                 if self.run_memo is not None:
-                    new = hasher.extend_runs(tokens, packed, self.run_memo)
+                    new = hasher.extend_runs(runs, packed, self.run_memo)
                 else:
                     new = hasher.extend(packed)
                 for block_hash in new:
                     add_run(self._chain, block_hash, 1)
             return
-        self.tokens.extend(tokens)
+        plain = cast("array[int]", tokens)
+        self.tokens.extend(plain)
         if hasher is not None:
-            for block_hash in hasher.extend(tokens):
+            for block_hash in hasher.extend(plain):
                 add_run(self._chain, block_hash, 1)
 
     def reset(self) -> None:
