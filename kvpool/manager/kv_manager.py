@@ -98,6 +98,7 @@ _NO_PREFIX: list[int] = []  # never changed: the chain of an allocation that reu
 _NO_RUNS: list[int] = []  # never changed: no first copy among the blocks an allocation cached
 _NO_MARKS = (-1, -1, -1)  # the marks of a step that starts with no known cost (unused)
 _NOTHING = Allocation([], 0, [])  # never changed: a slot whose table did not grow
+_NO_IDS: set[str] = set()  # never changed: the ids a one-slot step checks twice
 
 
 class KvManager:
@@ -967,8 +968,8 @@ class KvManager:
         ):
             raise InvalidArgumentError(f"slots must be a sequence of SlotRequest, got {slots!r}")
         checked: list[tuple[RequestState, int, array[int] | TokenRuns | range | None, int]] = []
-        seen: set[str] = set()
         several = len(slots) > 1  # one slot cannot name its request twice
+        seen: set[str] = set() if several else _NO_IDS
         for slot in slots:
             if type(slot) is not SlotRequest:
                 raise InvalidArgumentError(f"expected a SlotRequest, got {slot!r}")
