@@ -145,9 +145,7 @@ def local_block_hashes(tokens: Sequence[int], block_size: object) -> list[int]:
     ]
 
 
-def block_hashes(
-    tokens: Sequence[int], block_size: object, parent: object = None
-) -> list[int]:
+def block_hashes(tokens: Sequence[int], block_size: object, parent: object = None) -> list[int]:
     """Return the sequence hash of every full block of ``tokens`` (partial tail ignored).
 
     ``parent`` is the sequence hash of the block just before ``tokens`` (None when they
