@@ -1085,6 +1085,26 @@ class BlockPool:
                         break
                 if not overlap:
                     _add_run(firsts, position, extent.n)
+                    lower = self._lower_twin(extent, key)
+                    if lower is not None:
+                        # what `_merge_down` would make of it once bucketed: its hashes are
+                        # no other copy's, so it joins the extent below without a bucket
+                        # entry put in and taken out again
+                        n = extent.n
+                        offset = extent.id & _PAGE_MASK
+                        entries = cast(
+                            "list[Extent | None]",
+                            self._pages[(extent.id >> _PAGE_BITS) & _SLOT_MASK],
+                        )
+                        for i in range(offset, offset + n):
+                            entries[i] = lower
+                        lower.n += n
+                        position += n
+                        if rest is None:
+                            return position
+                        key += n
+                        extent = rest
+                        continue
                 else:
                     for k in range(key, end):
                         if not any(o.hash <= k < o.hash + o.n for o in others):
@@ -1100,6 +1120,28 @@ class BlockPool:
                 return position
             key += extent.n
             extent = rest
+
+    def _lower_twin(self, extent: Extent, key: int) -> Extent | None:
+        """The extent `_merge_down` would merge the held private ``extent`` into once
+        cached under the hashes from ``key`` (below a bucket's end, not boxed) with no
+        other copy of them resident: the one just below it in its page, alike and
+        continuing it; or None."""
+        if not extent.holds or extent.stamp or not key & _BUCKET_MASK:
+            return None
+        offset = extent.id & _PAGE_MASK
+        if not offset:
+            return None
+        entries = cast("list[Extent | None]", self._pages[(extent.id >> _PAGE_BITS) & _SLOT_MASK])
+        lower = entries[offset - 1]
+        if (
+            lower is not None
+            and lower.hash + lower.n == key
+            and lower.hash != PRIVATE
+            and lower.holds == extent.holds
+            and not lower.stamp
+        ):
+            return lower
+        return None
 
     def _merge_down(self, extent: Extent) -> None:
         """Merge a just cached, held ``extent`` into the extent before it in its page when
