@@ -910,7 +910,11 @@ class KvManager:
         if self._caching:
             for i in range(len(states)):
                 if visible[i] > first_visible[i]:
-                    extend_runs(cached, slice_runs(states[i].chain, first_visible[i], visible[i]))
+                    state = states[i]
+                    extend_runs(
+                        cached,
+                        slice_runs(state.chain, first_visible[i], visible[i], state.num_hashed),
+                    )
             if cached and (overlapping(cached) or self._pool.any_resident_runs(cached)):
                 return None
         return cached
@@ -930,7 +934,9 @@ class KvManager:
             state = states[i]
             state.computed = computed[i]
             if visible[i] > first_visible[i]:
-                extend_runs(blocks, slice_runs(state.table, first_visible[i], visible[i]))
+                extend_runs(
+                    blocks, slice_runs(state.table, first_visible[i], visible[i], state.num_blocks)
+                )
                 state.visible = visible[i]
         if cached and self._pool.cache_runs(blocks, cached) != [0, runs_length(cached)]:
             # unreachable: no hash was resident or cached twice

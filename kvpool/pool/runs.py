@@ -56,8 +56,12 @@ def runs_of(items: list[int]) -> list[int]:
     return runs
 
 
-def slice_runs(runs: list[int], start: int, stop: int) -> list[int]:
-    """The runs of the ints at positions ``[start, stop)`` of ``runs``."""
+def slice_runs(runs: list[int], start: int, stop: int, length: int = -1) -> list[int]:
+    """The runs of the ints at positions ``[start, stop)`` of ``runs``. Given ``runs``'
+    length, a slice in its second half is found from the end (`run_at`: the blocks a
+    decode step fills are a table's last)."""
+    if length > 0 and 2 * start >= length:
+        return _slice_from_end(runs, start, stop, length)
     sliced: list[int] = []
     position = 0
     for r in range(0, len(runs), 2):
@@ -70,6 +74,30 @@ def slice_runs(runs: list[int], start: int, stop: int) -> list[int]:
             sliced.append(runs[r] + low - position)
             sliced.append(high - low)
         position += count
+    return sliced
+
+
+def _slice_from_end(runs: list[int], start: int, stop: int, length: int) -> list[int]:
+    """`slice_runs` of a slice found walking back from the end (position ``length``)."""
+    r = len(runs) - 2
+    position = length  # where run ``r`` ends
+    while r >= 0 and position - runs[r + 1] > start:
+        position -= runs[r + 1]
+        r -= 2
+    # run ``r`` holds ``start`` (or ``runs`` is shorter than ``length`` said: r < 0)
+    sliced: list[int] = []
+    if r < 0:
+        raise IndexError("a slice out of the runs")
+    position -= runs[r + 1]  # where run ``r`` starts
+    while r < len(runs) and position < stop:
+        count = runs[r + 1]
+        low = start if start > position else position
+        high = stop if stop < position + count else position + count
+        if low < high:
+            sliced.append(runs[r] + low - position)
+            sliced.append(high - low)
+        position += count
+        r += 2
     return sliced
 
 

@@ -350,6 +350,7 @@ def test_run_helpers_agree_with_lists(items: list[int], start: int, stop: int) -
         assert run_at(runs, position) == item
         assert run_at(runs, position, len(items)) == item  # found from the end
     assert expand(slice_runs(runs, start, stop)) == items[start:stop]
+    assert expand(slice_runs(runs, start, stop, len(items))) == items[start:stop]  # from the end
     kept = list(runs)
     truncate_runs(kept, min(start, len(items)))
     assert expand(kept) == items[: min(start, len(items))]
