@@ -24,6 +24,7 @@ from kvpool.manager import (
     DecodeStretch,
     KvManager,
     PrefillCost,
+    SlotRequest,
     StepUpdate,
     StretchAllocations,
 )
@@ -108,6 +109,120 @@ def test_a_stretch_is_allocate_steps_of_the_steps_it_stands_for(
     assert summary(got) == summary(expected)
     assert same_state(one, two)
     assert evict_order(one) == evict_order(two)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.sampled_from(sorted(MODES)))
+def test_a_watched_probe_costs_what_it_is_asked_after_every_step(
+    data: st.DataObject, mode: str
+) -> None:
+    """Random tables, idle cached blocks filling the rest of the pool, random steps, a
+    waiting probe sharing a prefix with some of them, watched from its cost now:
+    `allocate_steps` stops after the same step, with the same cost, as the steps taken
+    one call each with the probe's `prefill_cost` asked afresh after each (the manager
+    keeps a cost it knows rather than walk the prefix again: `KvManager._cost_kept`
+    says when)."""
+    capacity = data.draw(st.integers(3, 10), label="capacity")
+    one, two = make(capacity=capacity, **MODES[mode]), make(capacity=capacity, **MODES[mode])
+    pool = two.pool
+    prompts: list[list[int]] = []
+    names: list[str] = []
+    for i in range(data.draw(st.integers(1, 4), label="requests")):
+        name = f"r{i}"
+        prompt = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=16), label=name)
+        done = data.draw(st.integers(0, min(len(prompt), capacity * BS)), label=f"{name} has")
+        fits = True
+        for manager in (one, two):
+            manager.add_request(name, prompt)
+            if done:
+                fits = manager.allocate(name, done, cache=True) is not None
+        if not fits:
+            for manager in (one, two):
+                manager.free(name)
+            continue
+        names.append(name)
+        prompts.append(prompt)
+    while len(prompts) < 8 and pool.capacity > pool.num_active() + pool.num_inactive():
+        # cached, then idle, until nothing is free: the steps' growths evict
+        free = pool.capacity - pool.num_active() - pool.num_inactive()
+        filler = data.draw(
+            st.lists(st.integers(0, 3), min_size=BS, max_size=min(3, free) * BS),
+            label="idle prompt",
+        )
+        name = f"f{len(prompts)}"
+        prompts.append(filler)
+        for manager in (one, two):
+            manager.add_request(name, filler)
+            manager.allocate(name, len(filler), cache=True)
+            manager.free(name)
+    shared = data.draw(st.sampled_from([[], *prompts]), label="w shares")
+    cut = data.draw(st.integers(0, len(shared)), label="w shares up to")
+    rest = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=8), label="w rest")
+    for manager in (one, two):  # a request waiting for its first allocation
+        manager.add_request("w", shared[:cut] + rest)
+    stretch = drawn_stretch(data, capacity, two, names)
+    probe = data.draw(st.sampled_from(["w", "w", *names]), label="probe")
+    watched = two.prefill_cost(probe)
+    got = one.allocate_steps(stretch.steps(), probe, stop_if_cost_changes=watched)
+    expected = []
+    cost = watched
+    for slots in stretch.steps():
+        step = two.allocate_steps([slots])[0]
+        expected.append(step)
+        cost = two.prefill_cost(probe)
+        if len(step.allocations) < len(slots) or cost != watched:
+            break
+    event(f"probe waits: {not two.num_blocks(probe)}")
+    event(f"stopped on a cost change: {cost != watched}")
+    event(f"evicted: {any(a.removed for step in got for a in step.allocations)}")
+    assert len(got) == len(expected)
+    assert got[-1].cost == cost
+    for mine, plain in zip(got, expected, strict=True):
+        assert [(len(a.block_ids), a.removed) for a in mine.allocations] == [
+            (len(a.block_ids), a.removed) for a in plain.allocations
+        ]
+        assert (mine.events, mine.stats) == (plain.events, plain.stats)
+    assert same_state(one, two)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_watched_cost_moves_when_its_first_missing_block_is_stored(mode: str) -> None:
+    """The probe's next block, cached by another request's step, extends its hit:
+    no eviction and no reuse, only a Stored hash, moves the watched cost."""
+    manager = make(capacity=8, **MODES[mode])
+    manager.add_request("r", [0, 1, 2, 3, 0, 1, 2, 3])
+    assert manager.allocate("r", 4, cache=True) is not None
+    manager.add_request("w", [0, 1, 2, 3, 0, 1, 2, 3, 1])
+    watched = manager.prefill_cost("w")
+    assert watched.cached_blocks == 1
+    steps = [[SlotRequest("r", 5)], [SlotRequest("r", 8)], [SlotRequest("r", 8)]]
+    result = manager.allocate_steps(steps, "w", stop_if_cost_changes=watched)
+    assert len(result) == 2  # the second step stores w's second block
+    assert result[-1].cost == manager.prefill_cost("w") == PrefillCost(2, 2, 1)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_watched_cost_moves_when_a_first_copy_that_was_not_the_last_is_evicted(
+    mode: str,
+) -> None:
+    """Two copies of one hash, the first idle, the other held: evicting the first keeps
+    the hash resident (nothing removed) but makes the held copy the first, so the
+    probe's active hits move."""
+    manager = make(capacity=4, **MODES[mode])
+    prompt = [0, 1, 2, 3, 7]
+    manager.add_request("r0", prompt)
+    assert manager.allocate("r0", 5) is not None  # not cached yet
+    manager.add_request("r1", prompt)
+    assert manager.allocate("r1", 5, cache=True) is not None  # the first copy
+    manager.mark_computed("r0", 5)  # r0's block: a second copy of the hash
+    manager.free("r1")  # the first copy goes idle
+    manager.add_request("w", prompt)
+    watched = manager.prefill_cost("w")
+    assert watched == PrefillCost(1, 0, 1)
+    manager.append_tokens("r0", list(range(8)))
+    result = manager.allocate_steps([[SlotRequest("r0", 13)]], "w", stop_if_cost_changes=watched)
+    assert [a.removed for a in result[0].allocations] == [[]]  # the hash stays resident
+    assert result[-1].cost == manager.prefill_cost("w") == PrefillCost(1, 1, 1)
 
 
 def two_holders() -> KvManager:
