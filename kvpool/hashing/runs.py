@@ -61,6 +61,20 @@ class TokenRuns(Sequence[int]):
         self._tokens = tokens
 
     @classmethod
+    def of_checked(
+        cls, runs: tuple[tuple[int, int], ...], length: int, tokens: array[int] | None = None
+    ) -> TokenRuns:
+        """The runs of a caller that holds them checked already (each a u32 start and a
+        length >= 1, ``length`` their sum, ``tokens`` None or their tokens): what the
+        constructor makes of them, without reading them again (a workload's prompt, whose
+        segments were checked when it was read)."""
+        made = cls.__new__(cls)
+        made.runs = runs
+        made._len = length
+        made._tokens = tokens
+        return made
+
+    @classmethod
     def from_tokens(cls, tokens: Sequence[int]) -> TokenRuns:
         """The maximal runs of already-validated u32 ``tokens`` (one pass over them)."""
         runs: list[tuple[int, int]] = []

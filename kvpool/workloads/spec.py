@@ -137,8 +137,15 @@ class RequestSpec:
         """The prompt as `TokenRuns`, one run per segment: what the engine hands a KV
         manager that keys blocks by runs (`kvpool.hashing.runs`); no token is built,
         unless ``with_tokens`` (for a manager that keeps them: events carry them)."""
-        runs = [(segment.seed & TOKEN_MASK, segment.length) for segment in self.prompt]
-        return TokenRuns(runs, tokens=self.prompt_token_array() if with_tokens else None)
+        runs = tuple(
+            [
+                (segment.seed & TOKEN_MASK, segment.length)
+                for segment in self.prompt
+                if segment.length
+            ]
+        )  # a spec's segments were checked when it was made: `TokenRuns.of_checked`
+        tokens = self.prompt_token_array() if with_tokens else None
+        return TokenRuns.of_checked(runs, self.input_length, tokens)
 
     def prompt_token_array(self) -> array[int]:
         """The prompt's token ids as a fresh ``u32`` array (`TOKEN_TYPECODE`): what the

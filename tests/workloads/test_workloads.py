@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from kvpool.errors import KvpoolError, PoolError, TraceError
 from kvpool.hashing import TOKEN_TYPECODE
+from kvpool.hashing.runs import TOKEN_MASK, TokenRuns
 from kvpool.workloads import (
     MooncakeTrace,
     RequestSpec,
@@ -74,6 +75,29 @@ def test_prompt_token_arrays_are_u32_copies_of_the_prompt() -> None:
     again = RequestSpec("s", 0.0, (Segment(5, 3),), Segment(7, 1)).prompt_token_array()
     assert again.tolist() == [5, 6, 7]
     assert spec.prompt_token_array().tolist() == [2**32 - 1, 0, 5, 6, 7]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 5)), min_size=1, max_size=6).filter(
+        lambda pieces: any(length for _, length in pieces)
+    ),
+    st.booleans(),
+)
+def test_prompt_token_runs_are_the_runs_the_constructor_makes(
+    pieces: list[tuple[int, int]], with_tokens: bool
+) -> None:
+    """`RequestSpec.prompt_token_runs` skips the checks (`TokenRuns.of_checked`): what
+    it makes is what `TokenRuns` makes of the same runs, checked."""
+    spec = RequestSpec("r", 0.0, tuple(Segment(*piece) for piece in pieces), Segment(7, 1))
+    made = spec.prompt_token_runs(with_tokens=with_tokens)
+    checked = TokenRuns(
+        [(seed & TOKEN_MASK, length) for seed, length in pieces],
+        tokens=spec.prompt_token_array() if with_tokens else None,
+    )
+    assert made.runs == checked.runs
+    assert len(made) == len(checked) == spec.input_length
+    assert list(made) == list(checked) == spec.prompt_token_ids()
+    assert made.to_array() == checked.to_array()
 
 
 @pytest.mark.parametrize(
