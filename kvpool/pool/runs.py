@@ -60,35 +60,15 @@ def slice_runs(runs: list[int], start: int, stop: int, length: int = -1) -> list
     """The runs of the ints at positions ``[start, stop)`` of ``runs``. Given ``runs``'
     length, a slice in its second half is found from the end (`run_at`: the blocks a
     decode step fills are a table's last)."""
+    r = 0
+    position = 0  # where run ``r`` starts
     if length > 0 and 2 * start >= length:
-        return _slice_from_end(runs, start, stop, length)
+        r = len(runs) - 2
+        position = length - runs[r + 1]
+        while r > 0 and position > start:
+            r -= 2
+            position -= runs[r + 1]
     sliced: list[int] = []
-    position = 0
-    for r in range(0, len(runs), 2):
-        if position >= stop:
-            break
-        count = runs[r + 1]
-        low = start if start > position else position
-        high = stop if stop < position + count else position + count
-        if low < high:
-            sliced.append(runs[r] + low - position)
-            sliced.append(high - low)
-        position += count
-    return sliced
-
-
-def _slice_from_end(runs: list[int], start: int, stop: int, length: int) -> list[int]:
-    """`slice_runs` of a slice found walking back from the end (position ``length``)."""
-    r = len(runs) - 2
-    position = length  # where run ``r`` ends
-    while r >= 0 and position - runs[r + 1] > start:
-        position -= runs[r + 1]
-        r -= 2
-    # run ``r`` holds ``start`` (or ``runs`` is shorter than ``length`` said: r < 0)
-    sliced: list[int] = []
-    if r < 0:
-        raise IndexError("a slice out of the runs")
-    position -= runs[r + 1]  # where run ``r`` starts
     while r < len(runs) and position < stop:
         count = runs[r + 1]
         low = start if start > position else position

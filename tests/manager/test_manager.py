@@ -797,22 +797,38 @@ def twin_tables(
     registered."""
     capacity = data.draw(st.integers(2, 12), label="capacity")
     one, two = make(capacity=capacity, **options), make(capacity=capacity, **options)
-    names: list[str] = []
+    return capacity, one, two, list(twin_requests(data, one, two, most, frees=frees))
+
+
+def twin_requests(
+    data: st.DataObject,
+    one: KvManager,
+    two: KvManager,
+    most: int,
+    *,
+    frees: bool,
+    longest: int = 12,
+) -> dict[str, list[int]]:
+    """Up to ``most`` random requests (prompts of at most ``longest`` tokens) added to two
+    identical managers, each with a random table (some freed again if ``frees``, and
+    those that do not fit); returns the prompts of those still registered, by name."""
+    capacity = one.pool.capacity
+    prompts: dict[str, list[int]] = {}
     for i in range(data.draw(st.integers(1, most), label="requests")):
         name = f"r{i}"
-        prompt = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=12), label=name)
+        prompt = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=longest), label=name)
         done = data.draw(st.integers(0, min(len(prompt), capacity * BS)), label=f"{name} has")
         fits = True
         for manager in (one, two):
             manager.add_request(name, prompt)
             if done:
                 fits = manager.allocate(name, done, cache=True) is not None
-        names.append(name)
         if not fits or (frees and data.draw(st.booleans(), label=f"{name} freed")):
             for manager in (one, two):
                 manager.free(name)
-            names.remove(name)
-    return capacity, one, two, names
+        else:
+            prompts[name] = prompt
+    return prompts
 
 
 @settings(max_examples=150, deadline=None)

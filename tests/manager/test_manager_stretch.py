@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_manager import BS, evict_order, make, same_state, snapshot, twin_tables
+from test_manager import (
+    BS,
+    evict_order,
+    make,
+    same_state,
+    snapshot,
+    twin_requests,
+    twin_tables,
+)
 
 from kvpool.errors import (
     CapacityError,
@@ -120,28 +128,13 @@ def test_a_watched_probe_costs_what_it_is_asked_after_every_step(
     waiting probe sharing a prefix with some of them, watched from its cost now:
     `allocate_steps` stops after the same step, with the same cost, as the steps taken
     one call each with the probe's `prefill_cost` asked afresh after each (the manager
-    keeps a cost it knows rather than walk the prefix again: `KvManager._cost_kept`
-    says when)."""
+    keeps a cost it knows while nothing it depends on moved: `KvManager._asked_cost`)."""
     capacity = data.draw(st.integers(3, 10), label="capacity")
     one, two = make(capacity=capacity, **MODES[mode]), make(capacity=capacity, **MODES[mode])
     pool = two.pool
-    prompts: list[list[int]] = []
-    names: list[str] = []
-    for i in range(data.draw(st.integers(1, 4), label="requests")):
-        name = f"r{i}"
-        prompt = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=16), label=name)
-        done = data.draw(st.integers(0, min(len(prompt), capacity * BS)), label=f"{name} has")
-        fits = True
-        for manager in (one, two):
-            manager.add_request(name, prompt)
-            if done:
-                fits = manager.allocate(name, done, cache=True) is not None
-        if not fits:
-            for manager in (one, two):
-                manager.free(name)
-            continue
-        names.append(name)
-        prompts.append(prompt)
+    held = twin_requests(data, one, two, 4, frees=False, longest=16)
+    names = list(held)
+    prompts = list(held.values())
     while len(prompts) < 8 and pool.capacity > pool.num_active() + pool.num_inactive():
         # cached, then idle, until nothing is free: the steps' growths evict
         free = pool.capacity - pool.num_active() - pool.num_inactive()
