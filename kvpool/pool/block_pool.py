@@ -1091,14 +1091,7 @@ class BlockPool:
                         # no other copy's, so it joins the extent below without a bucket
                         # entry put in and taken out again
                         n = extent.n
-                        offset = extent.id & _PAGE_MASK
-                        entries = cast(
-                            "list[Extent | None]",
-                            self._pages[(extent.id >> _PAGE_BITS) & _SLOT_MASK],
-                        )
-                        for i in range(offset, offset + n):
-                            entries[i] = lower
-                        lower.n += n
+                        self._join_below(lower, extent)
                         position += n
                         if rest is None:
                             return position
@@ -1122,10 +1115,10 @@ class BlockPool:
             extent = rest
 
     def _lower_twin(self, extent: Extent, key: int) -> Extent | None:
-        """The extent `_merge_down` would merge the held private ``extent`` into once
-        cached under the hashes from ``key`` (below a bucket's end, not boxed) with no
-        other copy of them resident: the one just below it in its page, alike and
-        continuing it; or None."""
+        """The extent just below the held ``extent`` in its page when the two are alike
+        and would continue each other once ``extent`` is cached under the hashes from
+        ``key`` (not boxed; one bucket, never let go of); else None. `_merge_down`'s
+        conditions but one: that no other copy holds those hashes."""
         if not extent.holds or extent.stamp or not key & _BUCKET_MASK:
             return None
         offset = extent.id & _PAGE_MASK
@@ -1143,32 +1136,24 @@ class BlockPool:
             return lower
         return None
 
+    def _join_below(self, lower: Extent, extent: Extent) -> None:
+        """``extent``'s ids become ``lower``'s, which they continue: one extent."""
+        entries = cast("list[Extent | None]", self._pages[(extent.id >> _PAGE_BITS) & _SLOT_MASK])
+        offset = extent.id & _PAGE_MASK
+        for i in range(offset, offset + extent.n):
+            entries[i] = lower
+        lower.n += extent.n
+
     def _merge_down(self, extent: Extent) -> None:
         """Merge a just cached, held ``extent`` into the extent before it in its page when
-        the two are alike and continue each other (ids, hashes, one bucket, never let
-        go of) and no other copy holds its hashes: a table cached block by block (a
-        decode) stays one extent."""
-        if extent.hash.bit_length() > BOXED_BITS or not extent.holds or extent.stamp:
+        the two are alike and continue each other (`_lower_twin`) and no other copy holds
+        its hashes: a table cached block by block (a decode) stays one extent."""
+        if extent.hash.bit_length() > BOXED_BITS:
             return
-        if not extent.hash & _BUCKET_MASK:
-            return
-        offset = extent.id & _PAGE_MASK
-        if not offset:
-            return
-        page = (extent.id >> _PAGE_BITS) & _SLOT_MASK
-        entries = cast("list[Extent | None]", self._pages[page])
-        lower = entries[offset - 1]
-        if (
-            lower is not None
-            and lower.hash + lower.n == extent.hash
-            and lower.hash != PRIVATE
-            and lower.holds == extent.holds
-            and not lower.stamp
-            and self._alone_in(extent)
-        ):
+        lower = self._lower_twin(extent, extent.hash)
+        if lower is not None and self._alone_in(extent):
             self._unbucket(extent)
-            lower.n += extent.n
-            self._place(lower, page)
+            self._join_below(lower, extent)
 
     def _release(self, extent: Extent) -> None:
         """Drop one reference of each copy of a carved extent, released as one run leaf

@@ -51,7 +51,6 @@ from kvpool.engine.request import EngineRequest
 from kvpool.events import EventCollector
 from kvpool.manager import (
     DecodeRun,
-    DecodeStretch,
     KvManager,
     PrefillCost,
     RunAllocations,
@@ -156,19 +155,6 @@ class OneSlotKv(LocalKvClient):
                 break
         return results
 
-    async def allocate_stretch(
-        self,
-        stretch: DecodeStretch,
-        probe: str | None = None,
-        *,
-        stop_if_cost_changes: PrefillCost | None = None,
-    ) -> StretchAllocations:
-        """The steps the stretch stands for, one slot at a time as above."""
-        results = await self.allocate_steps(
-            stretch.steps(), probe, stop_if_cost_changes=stop_if_cost_changes
-        )
-        return StretchAllocations.of_steps(results)
-
     async def allocate_run(
         self,
         run: DecodeRun,
@@ -176,12 +162,12 @@ class OneSlotKv(LocalKvClient):
         *,
         stop_if_cost_changes: PrefillCost | None = None,
     ) -> RunAllocations:
-        """The stretch the run stands for, one slot at a time as above."""
+        """The steps of the stretch the run stands for, one slot at a time as above."""
         stretch = run.stretch(self.block_size)
-        result = await self.allocate_stretch(
-            stretch, probe, stop_if_cost_changes=stop_if_cost_changes
+        results = await self.allocate_steps(
+            stretch.steps(), probe, stop_if_cost_changes=stop_if_cost_changes
         )
-        return RunAllocations.of_stretch(stretch, result)
+        return RunAllocations.of_stretch(stretch, StretchAllocations.of_steps(results))
 
 
 class CountingSteps(LocalKvClient):

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_manager import BS, evict_order, make, same_state, snapshot, twin_tables
-from test_manager_stretch import MODES
+from test_manager_stretch import MODES, two_holders
 
 from kvpool.errors import (
     CapacityError,
@@ -307,16 +307,6 @@ def test_a_runs_slots_are_the_plain_model(drawn: tuple[int, list[Any]], block_si
         steps,
     )
     assert run.stretch(block_size) == plain_stretch(run, block_size)
-
-
-def two_holders() -> KvManager:
-    """ "a" and "b" hold one block each (3 tokens, all computed); "w" waits."""
-    manager = make(capacity=8)
-    for name, first in (("a", 0), ("b", 10)):
-        manager.add_request(name, list(range(first, first + 3)))
-        assert manager.allocate(name, 3, cache=True) is not None
-    manager.add_request("w", list(range(20, 29)))
-    return manager
 
 
 GOOD = DecodeRun(["a", "b"], [[5], [6, 7]], [4, 4], [0, 0], [-1, 1], 2)
