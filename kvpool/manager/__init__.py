@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from kvpool.lazy import lazy_attributes
 from kvpool.manager.types import (
+    AdmissionGate,
+    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
@@ -34,6 +36,8 @@ else:
     from kvpool.manager.kv_manager import KvManager
 
 __all__ = [
+    "AdmissionGate",
+    "AdmissionOutcome",
     "Allocation",
     "DecodeRun",
     "DecodeStretch",

@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
+    AdmissionGate,
+    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
@@ -59,6 +61,13 @@ class KvManager:
         cache: bool = False,
         new_tokens: Sequence[int] = (),
     ) -> Allocation | None: ...
+    def admit(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int] | None,
+        gate: AdmissionGate,
+        probe: str | None = None,
+    ) -> AdmissionOutcome: ...
     def allocate_step(
         self, slots: Sequence[SlotRequest], probe: str | None = None
     ) -> StepAllocations: ...

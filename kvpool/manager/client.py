@@ -48,6 +48,8 @@ from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager import KvManager, messages
 from kvpool.manager.operations import ManagerState
 from kvpool.manager.types import (
+    AdmissionGate,
+    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
@@ -150,6 +152,20 @@ class ManagerClient:
         """`KvManager.prefill_cost`: what an allocation of all its tokens needs now."""
         reply: messages.PrefillCostReply = await self._call(messages.GetPrefillCost(request_id))
         return reply.cost
+
+    async def admit(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int] | None,
+        gate: AdmissionGate,
+        probe: str | None = None,
+    ) -> AdmissionOutcome:
+        """`KvManager.admit`: a queued request's cost, admission check and first
+        allocation in one call (registering it first, given its prompt)."""
+        reply: AdmissionOutcome = await self._call(
+            messages.AdmitRequest(request_id, prompt_token_ids, gate, probe)  # type: ignore[arg-type]
+        )
+        return reply
 
     async def allocate(
         self,

@@ -61,6 +61,8 @@ from kvpool.hashing.run_keys import RunKeyer, RunMemo
 from kvpool.hashing.runs import TokenRuns
 from kvpool.manager.request import RequestState
 from kvpool.manager.types import (
+    AdmissionGate,
+    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
@@ -225,6 +227,14 @@ class KvManager:
         Raises `DuplicateRequestError` if ``request_id`` is registered, and
         `InvalidArgumentError` for an id that is not a str or a token outside u32.
         """
+        rid, state = self._new_request(request_id, prompt_token_ids)
+        self._requests[rid] = state
+        return self._cost_of(state)
+
+    def _new_request(
+        self, request_id: object, prompt_token_ids: Sequence[int]
+    ) -> tuple[str, RequestState]:
+        """`add_request`'s checks and the new request's state, not yet registered."""
         rid = check_request_id(request_id)
         tokens = check_tokens(prompt_token_ids)
         if rid in self._requests:
@@ -235,8 +245,7 @@ class KvManager:
             hasher = BlockHasher(self._block_size, memo=self._memo) if self._caching else None
             state = RequestState(hasher, None, self._run_memo)
         state.extend(tokens)
-        self._requests[rid] = state
-        return self.prefill_cost(rid)
+        return rid, state
 
     def append_tokens(self, request_id: object, token_ids: Sequence[int]) -> None:
         """Append (decoded) tokens to a request, hashing the blocks they complete.
@@ -278,7 +287,10 @@ class KvManager:
         For a request already holding blocks: no cached blocks, and the fresh blocks still
         missing to hold every token it has. Raises `UnknownRequestError`.
         """
-        state = self._get(request_id)
+        return self._cost_of(self._get(request_id))
+
+    def _cost_of(self, state: RequestState) -> PrefillCost:
+        """`prefill_cost` of a request's state."""
         needed = -(-state.num_tokens // self._block_size)
         if state.num_blocks:
             return PrefillCost(0, 0, max(0, needed - state.num_blocks))
@@ -323,6 +335,78 @@ class KvManager:
         if type(cache) is not bool:
             raise InvalidArgumentError(f"cache must be a bool, got {cache!r}")
         return self._grow(state, count, needed, appended, cache)
+
+    def admit(
+        self,
+        request_id: object,
+        prompt_token_ids: object,
+        gate: object,
+        probe: object = None,
+    ) -> AdmissionOutcome:
+        """A queued request's admission in one call: a scheduler's `prefill_cost`
+        question, its admission check (``gate``: `AdmissionGate.admit`) and the first
+        allocation it decides on, as `allocate_steps` of the one slot
+        ``SlotRequest(request_id, cached + new)`` would make it (``probe``'s cost asked
+        after it). With ``prompt_token_ids`` (not None) the request is registered first,
+        as `add_request` registers it: a scheduler tells the manager of a request when
+        it first asks about it, not when it queues it, so an arrival costs no call of
+        its own.
+
+        The outcome (`AdmissionOutcome`) holds the request's cost as asked (before the
+        allocation) and the step's result; a refusal (the gate's, or blocks that do not
+        fit) allocates nothing, and the request stays registered, waiting. The request
+        must hold no block (a queued request: new, or preempted). Raises what
+        `add_request` raises (with a prompt) or `UnknownRequestError` (without),
+        `InvalidArgumentError` for a request holding blocks, a bad gate or a probe that
+        names the request itself, `UnknownRequestError` for an unknown probe, and
+        `CapacityError` for an admission the pool could never hold, all before anything
+        changes.
+        """
+        if type(gate) is not AdmissionGate:
+            raise InvalidArgumentError(f"expected an AdmissionGate, got {gate!r:.200}")
+        raw: Any = gate  # read untyped until checked
+        budget: object = raw.budget
+        headroom: object = raw.headroom
+        if type(budget) is not int or budget < 1:
+            raise InvalidArgumentError(f"a gate's budget must be an int >= 1, got {budget!r}")
+        if type(headroom) is not int:
+            raise InvalidArgumentError(f"a gate's headroom must be an int, got {headroom!r}")
+        if type(raw.chunked) is not bool or type(raw.full_sequence) is not bool:
+            raise InvalidArgumentError(f"a gate's chunked and full_sequence are bools: {gate!r}")
+        registering = prompt_token_ids is not None
+        if registering:
+            rid, state = self._new_request(request_id, cast("Sequence[int]", prompt_token_ids))
+        else:
+            state = self._get(request_id)
+            rid = cast(str, request_id)  # `_get` found it: a registered str
+            if state.num_blocks:
+                raise InvalidArgumentError(f"request {rid!r} holds blocks: admit a queued one")
+        if probe is not None:
+            if probe == rid:
+                raise InvalidArgumentError(f"request {rid!r} cannot probe its own admission")
+            self._get(probe)
+        bs = self._block_size
+        cost = self._cost_of(state)
+        admission = gate.admit(cost, state.num_tokens, bs)
+        target = 0 if admission is None else admission[0] + admission[1]
+        needed = -(-target // bs)
+        if needed > self._pool.capacity:
+            raise CapacityError(
+                f"request {rid!r} needs {needed} blocks; the pool holds {self._pool.capacity}"
+            )
+        if registering:
+            self._requests[rid] = state
+        allocations: list[Allocation] = []
+        asked = None
+        if admission is not None:
+            allocation = self._grow(state, target, needed, None, True)
+            if allocation is not None:
+                allocations.append(allocation)
+                if probe is not None:
+                    asked = self.prefill_cost(probe)
+        return AdmissionOutcome(
+            cost, StepAllocations(allocations, self.take_events(), self.stats(), asked)
+        )
 
     def allocate_step(self, slots: Sequence[SlotRequest], probe: object = None) -> StepAllocations:
         """One step's allocations: `allocate_steps` of ``[slots]``, its one result."""

@@ -17,6 +17,8 @@ import msgspec
 
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
+    AdmissionGate,
+    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
@@ -39,6 +41,17 @@ class AddRequest(msgspec.Struct, frozen=True, gc=False, tag=True):
 
     request_id: str
     prompt_token_ids: list[int]
+
+
+class AdmitRequest(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.admit``: a queued request's cost, admission check and first
+    allocation in one call, registering it first when ``prompt_token_ids`` is given;
+    the reply is an `AdmissionOutcome`."""
+
+    request_id: str
+    prompt_token_ids: list[int] | None
+    gate: AdmissionGate
+    probe: str | None = None
 
 
 class AppendTokens(msgspec.Struct, frozen=True, gc=False, tag=True):
@@ -171,6 +184,7 @@ ManagerRequest: TypeAlias = (
     | MarkComputed
     | AppendTokens
     | AddRequest
+    | AdmitRequest
     | FreeRequest
     | PreemptRequest
     | GetPrefillCost
@@ -244,6 +258,7 @@ ManagerReply: TypeAlias = (
     | BatchReply
     | StepOutcome
     | StepsReply
+    | AdmissionOutcome
     | StretchAllocations
     | StretchFinished
     | RunAllocations
@@ -273,6 +288,7 @@ def decode(data: bytes) -> ManagerMessage:
 
 __all__ = [
     "AddRequest",
+    "AdmitRequest",
     "AllocateRun",
     "AllocateSlots",
     "AllocateSteps",

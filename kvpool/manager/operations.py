@@ -15,11 +15,14 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
   ahead of newer ones.
 - `TakeEvents` and `TakeBatch` hand events out: undone by putting them back ahead of
   newer ones.
-- `TakeEvents`, `TakeBatch`, `FinishStep`, `FinishStretch`, `AllocateSteps` and
-  `AllocateStretch` are ``ordered``: the actor serves one only after every earlier
+- `TakeEvents`, `TakeBatch`, `FinishStep`, `FinishStretch`, `AllocateSteps`, `AdmitRequest`
+  and `AllocateStretch` are ``ordered``: the actor serves one only after every earlier
   one's reply was read or undone, so putting events back never lands them behind newer
   events another drainer already took.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
+- `AdmitRequest` hands blocks and events out (and may register): its allocation undone as
+  `AllocateSlots`'s, the request forgotten again if the call registered it, then its
+  events put back ahead of newer ones; ``ordered``, as `AllocateSteps`.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
   their caller left; an unread `FinishStep` reply's events are put back.
 - `FinishStretch` gives blocks back too (its frees run even if its caller left) and
@@ -42,6 +45,7 @@ from kvpool.events import KVEvent
 from kvpool.manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
+    AdmitRequest,
     AllocateRun,
     AllocateSlots,
     AllocateSteps,
@@ -68,6 +72,7 @@ from kvpool.manager.messages import (
     TakeEvents,
 )
 from kvpool.manager.types import (
+    AdmissionOutcome,
     DecodeRun,
     DecodeStretch,
     PoolUsage,
@@ -134,6 +139,20 @@ class ManagerState:
             manager.undo_allocation(request_id, allocation)
         manager.restore_events([event for step in reply.steps for event in step.events])
 
+    def admit(self, message: AdmitRequest) -> AdmissionOutcome:
+        return self.manager.admit(
+            message.request_id, message.prompt_token_ids, message.gate, message.probe
+        )
+
+    def undo_admit(self, message: AdmitRequest, reply: AdmissionOutcome) -> None:
+        manager = self.manager
+        allocation = reply.allocation
+        if allocation is not None:
+            manager.undo_allocation(message.request_id, allocation)
+        if message.prompt_token_ids is not None:
+            self.undo_add_request(message, reply)
+        manager.restore_events(reply.step.events)
+
     def allocate_stretch(self, message: AllocateStretch) -> StretchAllocations:
         return self.manager.allocate_stretch(
             message.stretch, message.probe, stop_if_cost_changes=message.stop_if_cost_changes
@@ -198,7 +217,7 @@ class ManagerState:
             self.manager.add_request(message.request_id, message.prompt_token_ids)
         )
 
-    def undo_add_request(self, message: AddRequest, reply: PrefillCostReply) -> None:
+    def undo_add_request(self, message: AddRequest | AdmitRequest, reply: object) -> None:
         manager = self.manager
         if message.request_id in manager and not manager.num_blocks(message.request_id):
             manager.free(message.request_id)
@@ -261,6 +280,13 @@ OPERATIONS: tuple[Operation[ManagerState, Any, Any], ...] = (
         StepsReply,
         ManagerState.allocate_steps,
         undo=ManagerState.undo_allocate_steps,
+        ordered=True,
+    ),
+    Operation(
+        AdmitRequest,
+        AdmissionOutcome,
+        ManagerState.admit,
+        undo=ManagerState.undo_admit,
         ordered=True,
     ),
     Operation(

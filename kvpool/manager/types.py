@@ -61,6 +61,58 @@ class PrefillCost(msgspec.Struct, frozen=True, gc=False):
     new_blocks: int
 
 
+class AdmissionGate(msgspec.Struct, frozen=True, gc=False):
+    """What a scheduler lets a queued request take this step: the inputs of vLLM 0.33's
+    admission check, which `admit` applies (`KvManager.admit` asks it in the same call
+    as the allocation; a scheduler that knows the cost asks it itself first).
+
+    ``budget``: tokens left in the step's budget (``max_num_batched_tokens`` less what
+    is scheduled). ``headroom``: blocks the request may take from what is free or
+    evictable, less the blocks the step's running requests take (or are about to) and
+    the watermark blocks while any request runs. ``chunked``: the prompt may be
+    computed over several steps (chunked prefill), else it waits for a budget that holds
+    it whole. ``full_sequence``: the fresh blocks of the request's whole sequence must
+    fit (vLLM's ``full_sequence_must_fit``, ``scheduler_reserve_full_isl``), else those
+    of this step's chunk.
+    """
+
+    budget: int
+    headroom: int
+    chunked: bool = True
+    full_sequence: bool = True
+
+    def admit(
+        self, cost: PrefillCost, num_tokens: int, block_size: int
+    ) -> tuple[int, int, int, int] | None:
+        """What admitting a request of ``num_tokens`` tokens at ``cost`` takes: (cached
+        tokens, new tokens this step, fresh blocks, inactive cached blocks it pins);
+        None if it must wait.
+
+        vLLM's check (``allocate_slots``, its ``full_sequence_must_fit`` gate first): the
+        fresh blocks (of the whole sequence with ``full_sequence``; else of this step's
+        chunk) plus the inactive cached prefix the allocation takes out of the free
+        queue must fit in ``headroom``. A whole sequence needs at least its chunk's
+        blocks, so the chunk's own check, which vLLM makes next, never refuses what this
+        one admits. Without the full-sequence gate and the watermark it is exact (the
+        allocation fails exactly when it refuses).
+        """
+        cached_blocks = cost.cached_blocks
+        inactive_cached = cached_blocks - cost.active_cached_blocks
+        cached = cached_blocks * block_size
+        num_new = num_tokens - cached
+        if num_new > self.budget:
+            if not self.chunked:
+                return None
+            num_new = self.budget
+        fresh = -(-(cached + num_new) // block_size) - cached_blocks
+        required = fresh + inactive_cached
+        if self.full_sequence:
+            required += -(-num_tokens // block_size) - cached_blocks - fresh
+        if required > self.headroom:
+            return None
+        return cached, num_new, fresh, inactive_cached
+
+
 class ManagerStats(msgspec.Struct, frozen=True, gc=False):
     """Counters for a report, counted the way vLLM counts them.
 
@@ -133,6 +185,23 @@ class StepAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
     events: list[KVEvent]
     stats: ManagerStats
     cost: PrefillCost | None = None
+
+
+class AdmissionOutcome(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """What `KvManager.admit` did: the request's `PrefillCost` as it asked it (before
+    the allocation), and the step's result as `KvManager.allocate_steps` of its one slot
+    gives it: its `Allocation` (none: the gate refused, or the blocks did not fit), the
+    events drained, the counters, and the probed request's cost after it (None: no
+    probe, or nothing allocated)."""
+
+    cost: PrefillCost
+    step: StepAllocations
+
+    @property
+    def allocation(self) -> Allocation | None:
+        """The request's first allocation, or None if it must wait."""
+        allocations = self.step.allocations
+        return allocations[0] if allocations else None
 
 
 class DecodeStretch(msgspec.Struct, frozen=True, gc=False):
@@ -280,6 +349,8 @@ class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 
 __all__ = [
+    "AdmissionGate",
+    "AdmissionOutcome",
     "Allocation",
     "DecodeRun",
     "DecodeStretch",

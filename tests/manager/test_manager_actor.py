@@ -20,8 +20,9 @@ from kvpool.errors import (
     TokenCountError,
     UnknownRequestError,
 )
-from kvpool.events import decode_batch, encode_batch
+from kvpool.events import KVEvent, KVEventBatch, decode_batch, encode_batch
 from kvpool.manager import (
+    AdmissionGate,
     DecodeRun,
     DecodeStretch,
     KvManager,
@@ -32,6 +33,7 @@ from kvpool.manager import (
 )
 from kvpool.manager.messages import (
     AddRequest,
+    AdmitRequest,
     AllocateRun,
     AllocateSlots,
     AllocateSteps,
@@ -254,8 +256,16 @@ async def test_waiters_are_granted_in_fifo_order_and_a_freed_waiter_gets_a_typed
 class Worker:
     """One request's life with randomly cancelled calls; it remembers what it got."""
 
-    def __init__(self, kv: ManagerClient, rid: str, prompt: list[int], rng: random.Random) -> None:
+    def __init__(
+        self,
+        kv: ManagerClient,
+        rid: str,
+        prompt: list[int],
+        rng: random.Random,
+        drained: list[KVEvent],
+    ) -> None:
         self.kv = kv
+        self.drained = drained  # the events admissions drained, shared, in reply order
         self.rid = rid
         self.prompt = prompt
         self.rng = rng
@@ -273,7 +283,16 @@ class Worker:
         async with anyio.create_task_group() as tg:
             with anyio.CancelScope() as scope:
                 tg.start_soon(self.cancelled_after, scope, rng.randrange(4))
-                await kv.add_request(self.rid, self.prompt)
+                if rng.random() < 0.5:
+                    await kv.add_request(self.rid, self.prompt)
+                else:  # registered, asked and maybe admitted (a chunk) in one call
+                    gate = AdmissionGate(rng.randrange(1, 12), rng.randrange(8))
+                    outcome = await kv.admit(self.rid, self.prompt, gate)
+                    self.drained.extend(outcome.step.events)
+                    if outcome.allocation is not None:
+                        self.blocks = outcome.allocation.block_ids
+                        cached = outcome.allocation.cached_blocks * BS
+                        self.computed = cached + min(len(self.prompt) - cached, gate.budget)
                 self.registered = True
             if not self.registered:
                 return
@@ -298,9 +317,16 @@ async def test_random_cancellation_is_all_or_nothing(seed: int) -> None:
     rng = random.Random(seed)
     managers: list[KvManager] = []
     families = [[rng.randrange(20) for _ in range(rng.randrange(4, 16))] for _ in range(3)]
+    drained: list[KVEvent] = []
     async with open_manager(40, BS, on_create=managers.append) as kv:
         workers = [
-            Worker(kv, f"r{i}", rng.choice(families) + [rng.randrange(20)] * rng.randrange(9), rng)
+            Worker(
+                kv,
+                f"r{i}",
+                rng.choice(families) + [rng.randrange(20)] * rng.randrange(9),
+                rng,
+                drained,
+            )
             for i in range(150)
         ]
         async with anyio.create_task_group() as tg:
@@ -316,6 +342,7 @@ async def test_random_cancellation_is_all_or_nothing(seed: int) -> None:
 
         # The events that left the actor form a consistent router view.
         view = RouterView(BS)
+        view.apply(decode_batch(encode_batch(KVEventBatch(0.5, drained, None))))
         batch = await kv.take_batch(ts=1.0)
         if batch is not None:
             view.apply(decode_batch(encode_batch(batch)))
@@ -477,6 +504,30 @@ def test_undoing_an_unread_add_request_forgets_it() -> None:
     assert "a" not in manager
 
 
+@pytest.mark.parametrize("registers", [True, False])
+def test_undoing_an_unread_admission_gives_back_its_blocks_and_its_events(
+    registers: bool,
+) -> None:
+    """An `AdmitRequest` whose caller never read the reply: its blocks go back, a request
+    it registered is forgotten (one registered before stays, queued), and the events it
+    drained (an older one included) are queued again, oldest first."""
+    handlers, manager = _handlers()
+    manager.add_request("old", list(range(100, 104)))
+    assert manager.allocate("old", 4, cache=True) is not None  # one Stored queued
+    if not registers:
+        manager.add_request("a", list(range(9)))
+    message = AdmitRequest("a", list(range(9)) if registers else None, AdmissionGate(16, 7))
+    reply = handlers.admit(message)
+    assert reply.allocation is not None
+    assert reply.allocation.num_blocks == 3
+    assert [len(e.block_hashes) for e in reply.step.events] == [1, 2]  # old's, a's
+    handlers.undo_admit(message, reply)
+    assert ("a" in manager) is not registers
+    assert manager.pool.num_active() == 1  # old's block only
+    assert manager.take_events() == reply.step.events
+    manager.check_invariants()
+
+
 def test_undoing_an_unread_drain_puts_the_events_back_in_order() -> None:
     handlers, manager = _handlers()
     manager.add_request("a", list(range(8)))
@@ -536,6 +587,21 @@ async def test_asyncio_drain_cancelled_after_the_reply_loses_no_event() -> None:
         await kv.mark_computed("a", 8)
         events = await kv.take_events()
         assert [e.block_hashes for e in events] == [[h] for h in manager.block_hashes("a")]
+
+
+@pytest.mark.asyncio
+async def test_asyncio_admission_cancelled_after_the_reply_is_undone() -> None:
+    managers: list[KvManager] = []
+    async with open_manager(8, BS, on_create=managers.append) as kv:
+        (manager,) = managers
+        call = kv.admit("a", list(range(9)), AdmissionGate(16, 8))
+        await _cancel_after_reply(manager, call, lambda: "a" in manager)
+        await kv.check_invariants()  # queued behind the undo
+        assert "a" not in manager
+        assert (await kv.usage()).num_active == 0
+        outcome = await kv.admit("a", list(range(9)), AdmissionGate(16, 8))  # not a duplicate
+        assert outcome.allocation is not None
+        assert outcome.allocation.num_blocks == 3
 
 
 @pytest.mark.asyncio

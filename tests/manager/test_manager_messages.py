@@ -9,6 +9,8 @@ import pytest
 
 from kvpool.events import BlockRemoved, BlockStored, KVEventBatch
 from kvpool.manager import (
+    AdmissionGate,
+    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
@@ -24,6 +26,7 @@ from kvpool.manager import (
 )
 from kvpool.manager.messages import (
     AddRequest,
+    AdmitRequest,
     AllocateRun,
     AllocateSlots,
     AllocateSteps,
@@ -60,6 +63,8 @@ from kvpool.pool import BlockId
 MESSAGES: list[ManagerMessage] = [
     AddRequest("r1", [1, 2, 2**32 - 1]),
     AppendTokens("r1", [7]),
+    AdmitRequest("r1", [1, 2, 2**32 - 1], AdmissionGate(512, 30)),
+    AdmitRequest("r1", None, AdmissionGate(8, -2, chunked=False, full_sequence=False), "r2"),
     GetPrefillCost("r1"),
     AllocateSlots("r1", 17),
     AllocateSlots("r1", 17, wait=True),
@@ -136,6 +141,15 @@ MESSAGES: list[ManagerMessage] = [
     ),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0)),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0), PrefillCost(1, 1, 0)),
+    AdmissionOutcome(
+        PrefillCost(2, 1, 3),
+        StepAllocations(
+            [Allocation([BlockId(5)], 2, [9])],
+            [BlockRemoved(block_hashes=[9])],
+            ManagerStats(2, 9, 4, 1, 0, 1),
+            PrefillCost(0, 0, 1),
+        ),
+    ),
     DoneReply(),
     ErrorReply("UnknownRequestError", "request 'x' is not registered"),
 ]

@@ -16,7 +16,7 @@ from router_view import RouterView
 
 from kvpool.errors import PoolError
 from kvpool.events import decode_batch, encode_batch
-from kvpool.manager import KvManager
+from kvpool.manager import AdmissionGate, KvManager
 from kvpool.pool import BlockPool
 
 BS = 4
@@ -85,6 +85,28 @@ class ManagerMachine(RuleBasedStateMachine):
         if self.attempt(lambda: manager.allocate(request_id, target)) is not None:
             manager.mark_computed(request_id, max(target, manager.num_computed_tokens(request_id)))
             self.learn(request_id)
+
+    @rule(
+        request_id=st.sampled_from(IDS),
+        tokens=st.none() | TOKENS,
+        gate=st.builds(
+            AdmissionGate,
+            budget=st.integers(0, 24),
+            headroom=st.integers(-1, 9),
+            chunked=st.booleans(),
+            full_sequence=st.booleans(),
+        ),
+        probe=st.none() | st.sampled_from(IDS),
+    )
+    def admit(
+        self, request_id: str, tokens: list[int] | None, gate: AdmissionGate, probe: str | None
+    ) -> None:
+        """A queued request's admission, registering it given its prompt (mistakes too:
+        a duplicate, an unknown id or probe, a request holding blocks, no budget)."""
+        outcome = self.attempt(lambda: self.manager.admit(request_id, tokens, gate, probe))
+        self.learn(request_id)
+        if outcome is not None:
+            self.manager.restore_events(outcome.step.events)  # the call drained them
 
     @rule(request_id=st.sampled_from(IDS), share=st.floats(0, 1))
     def allocate(self, request_id: str, share: float) -> None:
