@@ -38,8 +38,11 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
    aborted a request needs `KvClient.finish_step`: the frees, then the rest of the
    events and the usage. The step's events go out as
    one `KVEventBatch` to the sink, if any. The queue head's admission cost rides on
-   the call before it is needed (an allocation's probe, `finish_step`'s, or the head's
-   own `add_request`), so `prefill_cost` needs a call of its own only after an abort.
+   the call before it is needed (an allocation's probe, or `finish_step`'s), so
+   `prefill_cost` needs a call of its own only after an abort. A request is told to the
+   manager by its first admission call (`KvClient.admit`: registered, its cost asked,
+   vLLM's admission check made and its first allocation, in one call), not when it
+   queues: an arrival costs no call of its own.
 
 *Same-step visibility* (vLLM v1's ``KVCacheManager.allocate_slots``, which Dynamo's
 mocker follows): when a request is scheduled, its full blocks through its computed plus
@@ -99,9 +102,10 @@ from kvpool.engine.request import EngineRequest
 from kvpool.engine.scheduler import plan_slots, schedule_fitting
 from kvpool.engine.timing import is_context_free, is_usage_free
 from kvpool.engine.work import step_work
-from kvpool.errors import InvalidArgumentError
+from kvpool.errors import DuplicateRequestError, InvalidArgumentError
 from kvpool.events import EventSink, KVEvent, KVEventBatch
 from kvpool.manager import (
+    AdmissionGate,
     Allocation,
     PoolUsage,
     PrefillCost,
@@ -116,6 +120,9 @@ from kvpool.workloads import RequestSpec
 
 _UNBOUNDED: Final = 1 << 62
 """A step count no jump reaches."""
+
+_NO_COST: Final = PrefillCost(0, 0, 0)
+"""The admission cost without prefix caching: nothing cached (the gate reads no more)."""
 
 
 class RequestOutput(msgspec.Struct, frozen=True):
@@ -204,6 +211,7 @@ class MockEngine:
         self.jumps = 0
         self.jumped_steps = 0
         self.rejected_ids: list[str] = []
+        self._ids: set[str] = set()  # the waiting and running requests' ids
         self._preempted: list[str] = []
         # this step's admissions: request id -> the prompt tokens it reused (its output's
         # ``num_cached_tokens``); reset by `schedule_step`
@@ -278,22 +286,22 @@ class MockEngine:
 
         ``arrival_s`` (default: now, ``clock``) is when it arrived, for its latencies: a
         request may arrive while a step is running, before the clock that step reached.
-        A rejected request is counted and never reaches the KV manager. Raises what the
-        manager raises for a duplicate request id.
+        A rejected request is counted and never reaches the KV manager; an accepted one
+        reaches it with its first admission (`_admit`). Raises `DuplicateRequestError`
+        for the id of a request waiting or running, changing nothing.
         """
         stats = self.stats
         arrived = self.clock if arrival_s is None else min(arrival_s, self.clock)
+        if spec.request_id in self._ids:
+            raise DuplicateRequestError(f"request {spec.request_id!r} is already queued or running")
         if self.rejection_reason(spec) is not None:
             stats.submitted += 1
             stats.rejected += 1
             self.rejected_ids.append(spec.request_id)
             stats.requests.append(EngineRequest(spec, arrived).record(self.rank, rejected=True))
             return False
-        prompt = spec.prompt_token_runs(with_tokens=self._with_tokens)
-        cost = await self.kv.add_request(spec.request_id, prompt)
         stats.submitted += 1
-        if not self.waiting and self.config.enable_prefix_caching:
-            self._head_cost = (spec.request_id, cost)  # the new head; the cache is as it was
+        self._ids.add(spec.request_id)
         self.waiting.append(EngineRequest(spec, arrived))
         return True
 
@@ -310,10 +318,13 @@ class MockEngine:
             for index, request in enumerate(queue):
                 if request.request_id == request_id:
                     del queue[index]
+                    self._ids.discard(request_id)
+                    self.stats.aborted += 1
+                    if not request.registered:
+                        return True  # the manager never heard of it
                     self._dirty = True
                     self._head_cost = None
                     await self.kv.free(request_id)
-                    self.stats.aborted += 1
                     if self._num_active >= 0:  # keep the admission check's count exact
                         self._num_active = (await self.kv.usage()).num_active
                     return True
@@ -411,7 +422,10 @@ class MockEngine:
         (records, stats, their frees, the step's batch and its usage sample), and the
         frees ride on the jump's allocations (`KvClient.finish_run`: one call for
         both); a finishing step changes no admission when nobody waits, so only the
-        jump's end moves. What else it may do depends on the queue's head:
+        jump's end moves. A queue head the manager has not heard of (with prefix caching)
+        stops it before it starts: only the step's admission call asks the head's cost,
+        admitting it if it may (`_admit`: one call, whether it is admitted or not). What
+        else it may do depends on the queue's head:
 
         - *Nobody can be admitted whatever the cache holds* (the queue is empty, the
           head is held back by ``max_num_seqs`` or the token budget, or prefix caching
@@ -468,18 +482,22 @@ class MockEngine:
                 # blocks the next step's growth takes, and (prefix caching) at a cost
                 # the jump watches, stopping at the step that changes it.
                 head = waiting[0]
-                cost = self._known_cost(head.request_id)
-                if caching and cost is None:
-                    cost = await self.kv.prefill_cost(head.request_id)
-                if await self._admission(head, budget, cost, growing) is not None:
+                if caching and not head.registered:
+                    return 0  # a step asks its cost, and admits it if it may, in one call
+                cost = await self._cost_now(head)
+                if self._admission(head, budget, cost, growing) is not None:
                     return 0  # the next step admits the head of the queue
             plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=True, finishing=finishing)
             return self._jumped(await self._take_jump(plan, until, head, cost)) if plan.taken else 0
         plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=False)
         if not plan.taken:
             return 0
-        if admits and await self._admission(waiting[0], budget) is not None:
-            return 0  # the next step admits the head of the queue
+        if admits:
+            head = waiting[0]
+            if caching and not head.registered:
+                return 0  # a step asks its cost, and admits it if it may, in one call
+            if self._admission(head, budget, await self._cost_now(head)) is not None:
+                return 0  # the next step admits the head of the queue
         return self._jumped(await self._take_jump(plan, until, None, None))
 
     def _jumped(self, steps: int) -> int:
@@ -633,7 +651,10 @@ class MockEngine:
         the free's) and its usage sample."""
         if outcome is None:
             outcome = await self.kv.finish_step(self._frees(plan), None)
-        self.running = [request for request in self.running if request.finish_s is None]
+        running = self.running
+        for index in plan.finished:
+            self._ids.discard(running[index].request_id)
+        self.running = [request for request in running if request.finish_s is None]
         self._read_outcome(None, outcome)
         self._end_step(held + outcome.events if held else outcome.events, self.clock)
 
@@ -704,7 +725,7 @@ class MockEngine:
                 request = running[index]
                 pending: Sequence[int] = request.take_pending() if request.has_pending else []
                 slots.append(SlotRequest(request.request_id, target, pending))
-            if caching and waiting and len(running) < config.max_num_seqs:
+            if caching and waiting and len(running) < config.max_num_seqs and waiting[0].registered:
                 probe = waiting[0].request_id
             allocations = (await self._allocate(slots, probe)).allocations
             for (index, target), allocation in zip(plan, allocations, strict=False):
@@ -756,8 +777,10 @@ class MockEngine:
 
     async def _admit(self, scheduled: dict[EngineRequest, int], budget: int) -> None:
         """Admit waiting requests into ``scheduled``, first come first served, while the
-        budget lasts and fewer than ``max_num_seqs`` run; each head's cost is the one the
-        call before carried, when it did (`_known_cost`)."""
+        budget lasts and fewer than ``max_num_seqs`` run. A head whose cost the call
+        before carried (`_known_cost`; any head without prefix caching) is checked here
+        first; a registered one is then allocated, and any other is registered if new,
+        asked, checked and allocated by the manager in one call (`KvClient.admit`)."""
         config = self.config
         bs = config.block_size
         caching = config.enable_prefix_caching
@@ -765,17 +788,42 @@ class MockEngine:
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < config.max_num_seqs:
             request = waiting[0]
-            admission = await self._admission(request, budget, self._known_cost(request.request_id))
-            if admission is None:
-                break
-            cached, num_new, fresh, inactive_cached = admission
             probe = None
-            if caching and len(waiting) > 1 and len(running) + 1 < config.max_num_seqs:
+            if (
+                caching
+                and len(waiting) > 1
+                and len(running) + 1 < config.max_num_seqs
+                and waiting[1].registered
+            ):
                 probe = waiting[1].request_id  # the next head, if this one is admitted
-            slot = SlotRequest(request.request_id, cached + num_new)
-            outcome = await self._allocate([slot], probe)
+            cost = self._known_cost(request.request_id) if caching else _NO_COST
+            admission = None if cost is None else self._admission(request, budget, cost)
+            if cost is not None and admission is None:
+                break
+            if admission is not None and request.registered:
+                slot = SlotRequest(request.request_id, admission[0] + admission[1])
+                outcome = await self._allocate([slot], probe)
+            else:
+                prompt = None
+                if not request.registered:
+                    prompt = request.spec.prompt_token_runs(with_tokens=self._with_tokens)
+                gate = self._gate(budget)
+                admitted = await self.kv.admit(request.request_id, prompt, gate, probe)
+                request.registered = True
+                outcome = admitted.step
+                self._took(probe, outcome)
+                if not outcome.allocations:
+                    if caching:  # refused: the cache is as it was when it was asked
+                        self._head_cost = (request.request_id, admitted.cost)
+                    break
+                admission = gate.admit(admitted.cost, request.num_tokens, bs)
+                if admission is None:
+                    raise RuntimeError(
+                        f"{request.request_id}: the manager admitted what the gate refuses"
+                    )
             if not outcome.allocations:
                 break
+            cached, num_new, fresh, inactive_cached = admission
             allocation = outcome.allocations[0]
             if allocation.cached_blocks * bs != cached:
                 raise RuntimeError(
@@ -801,11 +849,16 @@ class MockEngine:
         counters the call drained for this step's end; return the outcome (what fit, and
         ``probe``'s admission cost)."""
         outcome = (await self.kv.allocate_steps([slots], probe))[0]
+        self._took(probe, outcome)
+        return outcome
+
+    def _took(self, probe: str | None, outcome: StepAllocations) -> None:
+        """Take in a step's allocations: ``probe``'s cost, and the events and counters
+        the call drained, kept for this step's end."""
         self._remember_cost(probe, outcome.cost)
         if outcome.events:
             self._step_events.extend(outcome.events)
         read_counters(self.stats, outcome.stats)
-        return outcome
 
     def _remember_cost(self, probe: str | None, cost: PrefillCost | None) -> None:
         """Keep what a cache-changing call answered for ``probe`` (None: nothing)."""
@@ -827,52 +880,45 @@ class MockEngine:
         self._num_active += blocks
         request.num_blocks += blocks
 
-    async def _admission(
+    async def _cost_now(self, request: EngineRequest) -> PrefillCost | None:
+        """A registered waiting ``request``'s admission cost now (None without prefix
+        caching): the one the last cache-changing call carried, else a query
+        (`KvClient.prefill_cost`; nothing changes)."""
+        if not self.config.enable_prefix_caching:
+            return None
+        cost = self._known_cost(request.request_id)
+        if cost is None:
+            cost = await self.kv.prefill_cost(request.request_id)
+        return cost
+
+    def _gate(self, budget: int, growing: int = 0) -> AdmissionGate:
+        """The admission check's inputs now (`AdmissionGate`): ``budget`` tokens, and what
+        is free or evictable less ``growing`` blocks the step's running requests are
+        about to take and, while some request runs (vLLM's ``has_scheduled_reqs``), the
+        watermark blocks."""
+        config = self.config
+        headroom = config.num_gpu_blocks - self._num_active - growing
+        if self.running:
+            headroom -= config.watermark_blocks
+        return AdmissionGate(
+            budget, headroom, config.enable_chunked_prefill, config.scheduler_reserve_full_isl
+        )
+
+    def _admission(
         self,
         request: EngineRequest,
         budget: int,
-        cost: PrefillCost | None = None,
+        cost: PrefillCost | None,
         growing: int = 0,
     ) -> tuple[int, int, int, int] | None:
-        """What admitting the waiting ``request`` within ``budget`` tokens would take now:
-        (cached tokens, new tokens, fresh blocks, inactive cached blocks it pins); None if
-        it must wait.
-
-        A query (`KvClient.prefill_cost`, unless the last KV call's reply carried the
-        ``cost``), nothing changes. The check is vLLM 0.33's (``allocate_slots``, its
-        ``full_sequence_must_fit`` gate first): the fresh blocks of the request's whole
-        sequence (``scheduler_reserve_full_isl``; else of this step's chunk) plus the
-        inactive cached prefix the allocation would take out of the free queue, plus
-        the watermark blocks while some request runs, must fit in what is free or
-        evictable, less ``growing`` blocks the step's running requests are about to
-        take. A whole sequence needs at least its chunk's blocks, so the chunk's own
-        check, which vLLM makes next, never refuses what this one admits. Without the
-        full-sequence gate and the watermark it is exact (the allocation fails exactly
-        when it refuses) and spares a failing allocation its second prefix walk.
-        """
-        config = self.config
-        bs = config.block_size
-        cached_blocks = inactive_cached = 0
-        if config.enable_prefix_caching:
-            if cost is None:
-                cost = await self.kv.prefill_cost(request.request_id)
-            cached_blocks = cost.cached_blocks
-            inactive_cached = cached_blocks - cost.active_cached_blocks
-        cached = cached_blocks * bs
-        num_new = request.num_tokens - cached
-        if num_new > budget:
-            if not config.enable_chunked_prefill:
-                return None
-            num_new = budget
-        fresh = -(-(cached + num_new) // bs) - cached_blocks
-        required = fresh + inactive_cached
-        if config.scheduler_reserve_full_isl:
-            required += -(-request.num_tokens // bs) - cached_blocks - fresh
-        if self.running:  # vLLM's has_scheduled_reqs: bool(running)
-            required += config.watermark_blocks
-        if required > config.num_gpu_blocks - self._num_active - growing:
-            return None
-        return cached, num_new, fresh, inactive_cached
+        """What admitting the waiting ``request`` within ``budget`` tokens at ``cost``
+        (None without prefix caching) would take now: (cached tokens, new tokens, fresh
+        blocks, inactive cached blocks it pins); None if it must wait. vLLM's check,
+        `AdmissionGate.admit` of `_gate`; it spares a failing allocation its second
+        prefix walk."""
+        return self._gate(budget, growing).admit(
+            _NO_COST if cost is None else cost, request.num_tokens, self.config.block_size
+        )
 
     async def _flush(self, request: EngineRequest) -> None:
         """Hand the request's pending generated tokens to the manager."""
@@ -911,11 +957,15 @@ class MockEngine:
         updates, finished = apply_step(scheduled, now, stats, self.rank)
         if finished:
             self.running = [r for r in self.running if r.finish_s is None]
+            for request_id in finished:
+                self._ids.discard(request_id)
 
         events = self._step_events
         if updates or self._dirty:
             waiting = self.waiting
-            probe = waiting[0].request_id if waiting and self.config.enable_prefix_caching else None
+            probe = None
+            if waiting and waiting[0].registered and self.config.enable_prefix_caching:
+                probe = waiting[0].request_id
             outcome = await kv.finish_step(updates, probe)
             self._read_outcome(probe, outcome)
             events = events + outcome.events if events else outcome.events

@@ -26,6 +26,8 @@ class EngineRequest:
     the spec), so a decode step stores no token.
     ``first_scheduled_s``, ``cached_tokens`` (summed over admissions) and
     ``last_token_s`` (for the inter-token gaps) feed its `RequestRecord`.
+    ``registered`` turns true when the KV manager first hears of it (its first admission
+    call registers it: `MockEngine._admit`), not when it queues.
     ``prompt_length``, ``output_length`` and ``output_seed`` are the spec's, copied once
     as machine words: the per-step loops read them for every running request, and
     through the spec each read is two attribute lookups on interpreted objects.
@@ -47,6 +49,7 @@ class EngineRequest:
         "output_length",
         "output_seed",
         "prompt_length",
+        "registered",
         "request_id",
         "spec",
     )
@@ -65,6 +68,7 @@ class EngineRequest:
         self.num_output = 0
         self.num_preemptions = 0
         self.num_sent = 0  # output tokens the KV manager has been told
+        self.registered = False
         self.first_scheduled_s: float | None = None
         self.first_token_s: float | None = None
         self.last_token_s = 0.0

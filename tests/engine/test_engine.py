@@ -15,10 +15,16 @@ from kvpool.engine import (
     StepResult,
     TimedKvClient,
 )
-from kvpool.engine.request import EngineRequest
-from kvpool.errors import InvalidArgumentError, InvariantViolationError, UnknownRequestError
+from kvpool.errors import (
+    DuplicateRequestError,
+    InvalidArgumentError,
+    InvariantViolationError,
+    UnknownRequestError,
+)
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import (
+    AdmissionGate,
+    AdmissionOutcome,
     DecodeRun,
     KvManager,
     PrefillCost,
@@ -342,21 +348,16 @@ async def test_a_mismatched_kv_client_is_refused() -> None:
 
 
 class CheckedEngine(MockEngine):
-    """Checks, at every admission check, its count of active blocks against the pool."""
+    """Checks, at every admission check (its gate's inputs read), its count of active
+    blocks against the pool."""
 
     checks = 0
 
-    async def _admission(
-        self,
-        request: EngineRequest,
-        budget: int,
-        cost: PrefillCost | None = None,
-        growing: int = 0,
-    ) -> tuple[int, int, int, int] | None:
+    def _gate(self, budget: int, growing: int = 0) -> AdmissionGate:
         assert isinstance(self.kv, LocalKvClient)
         assert self.num_active_blocks == self.kv.manager.pool.num_active()
         self.checks += 1
-        return await super()._admission(request, budget, cost, growing)
+        return super()._gate(budget, growing)
 
 
 async def test_the_engine_tracks_active_blocks_exactly_within_a_step() -> None:
@@ -460,6 +461,46 @@ async def test_abort_frees_a_running_and_a_waiting_request_and_leaks_nothing() -
     assert kv.manager.pool.num_inactive() == 3
 
 
+async def test_a_request_reaches_the_manager_with_its_first_admission_not_its_arrival() -> None:
+    """Queuing costs no KV call; the first admission registers the request (one call),
+    and a request aborted before it never reaches the manager."""
+    inner = LocalKvClient.create(64, 4)
+    kv = TimedKvClient(inner)
+    engine = MockEngine(kv, EngineConfig(num_gpu_blocks=64, block_size=4, max_num_seqs=1))
+    for name in ("a", "b", "c"):
+        assert await engine.submit(spec(name, 6, 3))
+    assert kv.calls == 0
+    assert len(inner.manager) == 0
+    await engine.step()  # admits a (max_num_seqs=1): b and c stay unknown to the manager
+    assert list(inner.manager) == ["a"]
+    calls = kv.calls
+    assert await engine.abort("c")  # no call: the manager never heard of it
+    assert await engine.submit(spec("d", 6, 3))
+    assert kv.calls == calls
+    assert engine.stats.aborted == 1
+    await run_steps(engine)
+    assert engine.stats.completed == 3
+    assert_clean(inner)
+
+
+async def test_a_duplicate_request_id_is_refused_and_changes_nothing() -> None:
+    engine, kv = make_engine(num_gpu_blocks=64, block_size=4, max_num_seqs=1)
+    await engine.submit(spec("a", 6, 3))
+    await engine.submit(spec("b", 6, 3))
+    await engine.step()  # a runs (registered), b waits (not yet)
+    for name in ("a", "b"):
+        with pytest.raises(DuplicateRequestError):
+            await engine.submit(spec(name, 9, 2))
+    assert engine.stats.submitted == 2
+    assert [r.request_id for r in engine.running] == ["a"]
+    assert [r.request_id for r in engine.waiting] == ["b"]
+    await run_steps(engine)
+    assert engine.stats.completed == 2
+    assert await engine.submit(spec("a", 6, 3))  # finished: its id is free again
+    await run_steps(engine)
+    assert_clean(kv)
+
+
 class CountingKv(LocalKvClient):
     """Records the engine's allocation and admission-cost calls."""
 
@@ -467,6 +508,7 @@ class CountingKv(LocalKvClient):
         super().__init__(manager)
         self.slots: list[list[str]] = []  # each step's request ids, each call's
         self.costs = 0
+        self.registered = 0  # admissions that registered their request
 
     async def allocate_steps(
         self,
@@ -490,6 +532,17 @@ class CountingKv(LocalKvClient):
         )
         return await super().allocate_run(run, probe, stop_if_cost_changes=stop_if_cost_changes)
 
+    async def admit(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int] | None,
+        gate: AdmissionGate,
+        probe: str | None = None,
+    ) -> AdmissionOutcome:
+        self.slots.append([request_id])
+        self.registered += prompt_token_ids is not None
+        return await super().admit(request_id, prompt_token_ids, gate, probe)
+
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         self.costs += 1
         return await super().prefill_cost(request_id)
@@ -497,22 +550,22 @@ class CountingKv(LocalKvClient):
 
 async def test_a_steps_allocations_and_admission_costs_share_calls() -> None:
     """The running requests that need blocks are allocated in one call, and the queue's
-    head's cost rides on a call that came before: its registration (a new head), the
-    allocation before it, or the last step's updates; no prefill_cost of its own."""
+    head's cost rides on a call that came before (the allocation before it, or the last
+    step's updates) or on its admission's own call, which registers a new request: no
+    prefill_cost, and no call at its arrival."""
     config = EngineConfig(num_gpu_blocks=64, block_size=4, max_num_seqs=8)
     kv = CountingKv(KvManager(BlockPool(64), 4))
     engine = MockEngine(kv, config)
     for name in "abcd":
         await engine.submit(spec(name, 4, 6))  # one full block each
     await engine.step()
-    # the first head's cost came with its registration; each admission's allocation
-    # asked the next one's
-    assert (kv.slots, kv.costs) == ([["a"], ["b"], ["c"], ["d"]], 0)
+    # each new head is registered, asked and admitted in one call
+    assert (kv.slots, kv.costs, kv.registered) == ([["a"], ["b"], ["c"], ["d"]], 0, 4)
     kv.slots.clear()
     await engine.submit(spec("e", 4, 6))
     await engine.step()  # every running request's fifth token needs a second block
     assert kv.slots == [["a", "b", "c", "d"], ["e"]]
-    assert kv.costs == 0  # e's cost rode on the running requests' allocation
+    assert (kv.costs, kv.registered) == (0, 5)  # e's cost rode on its admission's call
     await run_steps(engine)
     assert engine.stats.completed == 5
     assert_clean(kv)
