@@ -30,6 +30,7 @@ CORE = [
     "kvpool/engine/dispatch.py",
     "kvpool/engine/loop.py",
     "kvpool/engine/simulation.py",
+    "kvpool/manager/admission.py",
     "kvpool/manager/kv_manager.py",
     "kvpool/manager/request.py",
     "kvpool/manager/run_slots.py",

@@ -307,10 +307,7 @@ def jump_counts(run: SimulationRun) -> tuple[int, int]:
 
 class CountingKv:
     """A KV client that counts the calls of each of its methods, by name, in ``counts``
-    (every other attribute is the wrapped client's); an inline client's
-    ``allocate_steps`` calls also by where they come from: an admission (every slot a
-    first allocation) or a step's scheduling, as ``allocate_steps: admission`` and
-    ``allocate_steps: scheduling``."""
+    (every other attribute is the wrapped client's)."""
 
     def __init__(self, inner: KvClient, counts: Counter[str]) -> None:
         self._inner = inner
@@ -321,15 +318,9 @@ class CountingKv:
         if not callable(attr):
             return attr
         counts = self._counts
-        inner = self._inner
-        manager = inner.manager if isinstance(inner, LocalKvClient) else None
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             counts[name] += 1
-            if name == "allocate_steps" and manager is not None:
-                slots = [slot for step in args[0] for slot in step]
-                first = all(not manager.num_blocks(slot.request_id) for slot in slots)
-                counts[f"{name}: {'admission' if first else 'scheduling'}"] += 1
             return attr(*args, **kwargs)
 
         return counted
@@ -417,9 +408,10 @@ def kv_share_row(
 
 
 CALL_SITES = (
-    # a new request's first admission registers it (`admit`): arrivals cost no call
-    ("admissions", ("admit", "allocate_steps: admission")),
-    ("scheduling", ("allocate_steps: scheduling",)),
+    # a step's running slots and admissions are one `schedule` call (`allocate_steps`
+    # when it admits nobody), and a new request's first admission registers it:
+    # arrivals cost no call
+    ("steps", ("schedule", "allocate_steps")),
     ("jumps", ("allocate_run",)),
     ("finishing jumps", ("finish_run",)),
     ("finishing steps", ("finish_step",)),
@@ -431,17 +423,15 @@ def calls_per_request(counts: Counter[str], requests: int) -> str:
     """The calls per request, by where they come from (`CALL_SITES`), and the rest."""
     sites = [(label, sum(counts[key] for key in keys)) for label, keys in CALL_SITES]
     named = sum(n for _, n in sites)
-    total = counts.total() - counts["allocate_steps: admission"]
-    total -= counts["allocate_steps: scheduling"]
+    total = counts.total()
     parts = [f"{label} {n / requests:.2f}" for label, n in sites]
     parts.append(f"other {(total - named) / requests:.2f}")
     return f"{total / requests:.2f} per request ({', '.join(parts)})"
 
 
 def describe_calls(counts: Counter[str]) -> str:
-    """``N (method n, ...)``: the total and the most frequent methods (the call-site
-    counts `CountingKv` keeps beside them left out)."""
-    methods = Counter({name: n for name, n in counts.items() if ":" not in name})
+    """``N (method n, ...)``: the total and the most frequent methods."""
+    methods = counts
     top = methods.most_common(5)
     rest = methods.total() - sum(n for _, n in top)
     parts = [f"{name} {n:,}" for name, n in top] + ([f"other {rest:,}"] if rest else [])

@@ -109,12 +109,15 @@ from kvpool.manager import (
     Allocation,
     PoolUsage,
     PrefillCost,
+    QueuedRequest,
     RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
+    StepSchedule,
     StepUpdate,
 )
+from kvpool.manager.admission import admit_blocks
 from kvpool.pool.runs import runs_length
 from kvpool.workloads import RequestSpec
 
@@ -718,16 +721,26 @@ class MockEngine:
             # a block fills and turns cache-visible now, at schedule time, as in vLLM: see
             # the module docstring) are allocated in one call, in order, while they fit;
             # the tokens generated since the manager last heard ride on each allocation
-            plan = plan_slots(running, i, budget, bs, caching)
+            plan, left = plan_slots(running, i, budget, bs, caching)
             told = [running[index].num_sent for index, _ in plan]
             slots = []
             for index, target in plan:
                 request = running[index]
                 pending: Sequence[int] = request.take_pending() if request.has_pending else []
                 slots.append(SlotRequest(request.request_id, target, pending))
-            if caching and waiting and len(running) < config.max_num_seqs and waiting[0].registered:
-                probe = waiting[0].request_id
-            allocations = (await self._allocate(slots, probe)).allocations
+            # If every slot fits, this call is the step's last (`plan_slots`): its
+            # admissions ride on it, and the step's KV work is one call.
+            queue = [] if preempted else self._queue(left, plan)
+            if queue:
+                schedule = await self.kv.schedule(slots, queue, self._gate(left))
+                self._took(None, schedule.step)
+                allocations = schedule.step.allocations[: len(slots)]
+            elif caching and waiting and len(running) < config.max_num_seqs:
+                if waiting[0].registered:
+                    probe = waiting[0].request_id
+                allocations = (await self._allocate(slots, probe)).allocations
+            else:
+                allocations = (await self._allocate(slots, probe)).allocations
             for (index, target), allocation in zip(plan, allocations, strict=False):
                 # the requests between two allocations need no call
                 i, budget = schedule_fitting(running, i, budget, scheduled, bs, caching)
@@ -741,6 +754,12 @@ class MockEngine:
                 i += 1
             refused = len(allocations)
             if refused == len(plan):
+                if queue:  # the admissions were made in the same call
+                    i, budget = schedule_fitting(running, i, budget, scheduled, bs, caching)
+                    if budget != left:
+                        raise RuntimeError(f"planned a budget of {left} left, scheduled {budget}")
+                    self._admitted_by(schedule, queue, scheduled, left)
+                    return scheduled
                 continue
             for (index, _), num_sent in zip(plan[refused + 1 :], told[refused + 1 :], strict=True):
                 running[index].num_sent = num_sent  # not tried: the manager has not heard
@@ -777,54 +796,80 @@ class MockEngine:
 
     async def _admit(self, scheduled: dict[EngineRequest, int], budget: int) -> None:
         """Admit waiting requests into ``scheduled``, first come first served, while the
-        budget lasts and fewer than ``max_num_seqs`` run. A head whose cost the call
-        before carried (`_known_cost`; any head without prefix caching) is checked here
-        first; a registered one is then allocated, and any other is registered if new,
-        asked, checked and allocated by the manager in one call (`KvClient.admit`)."""
-        config = self.config
-        bs = config.block_size
-        caching = config.enable_prefix_caching
-        running = self.running
+        budget lasts and fewer than ``max_num_seqs`` run: vLLM's waiting loop, run by the
+        manager in one call (`KvClient.schedule`, with no running slot), unless
+        `_queue` says the step admits nobody."""
+        queue = self._queue(budget, [])
+        if not queue:
+            return
+        schedule = await self.kv.schedule([], queue, self._gate(budget))
+        self._took(None, schedule.step)
+        self._admitted_by(schedule, queue, scheduled, budget)
+
+    def _queue(self, budget: int, plan: list[tuple[int, int]]) -> list[QueuedRequest]:
+        """The waiting requests a step with ``budget`` tokens left after its running
+        requests' ``plan`` (`plan_slots`) may reach, in order: one per free seat
+        (``max_num_seqs``), each with its prompt if the manager has not heard of it, and
+        the one after them if the manager knows it (its cost comes back with the reply).
+        None when the step admits nobody: no budget or seat, or the head's cost known
+        (any cost without prefix caching) and refused, the plan's growth counted (the
+        cache may change only with prefix caching: a cost the allocations may change is
+        not known)."""
         waiting = self.waiting
-        while waiting and budget > 0 and len(running) < config.max_num_seqs:
+        seats = self.config.max_num_seqs - len(self.running)
+        if not waiting or budget <= 0 or seats <= 0:
+            return []
+        head = waiting[0]
+        cost: PrefillCost | None = _NO_COST
+        if self.config.enable_prefix_caching:
+            cost = None if plan else self._known_cost(head.request_id)
+        if cost is not None:
+            running = self.running
+            bs = self.config.block_size
+            growing = 0
+            for index, target in plan:
+                growing += max(0, -(-target // bs) - running[index].num_blocks)
+            if self._admission(head, budget, cost, growing) is None:
+                return []
+        queue: list[QueuedRequest] = []
+        for request in waiting:
+            if len(queue) == seats:
+                if request.registered:
+                    queue.append(QueuedRequest(request.request_id))
+                break
+            prompt = None
+            if not request.registered:
+                prompt = request.spec.prompt_token_runs(with_tokens=self._with_tokens)
+            queue.append(QueuedRequest(request.request_id, prompt))
+        return queue
+
+    def _admitted_by(
+        self,
+        schedule: StepSchedule,
+        queue: list[QueuedRequest],
+        scheduled: dict[EngineRequest, int],
+        budget: int,
+    ) -> None:
+        """Take in the admissions of a `KvClient.schedule` call that left ``budget``
+        tokens after its slots: each admitted request leaves the queue for ``scheduled``
+        with its cached prefix and this step's chunk, as the call's gate (as it was after
+        the slots, moving on) admitted it; the first not admitted is known to the
+        manager once the call reached it (its cost came back)."""
+        bs = self.config.block_size
+        waiting = self.waiting
+        running = self.running
+        allocations = schedule.step.allocations
+        first = len(allocations) - len(schedule.costs)
+        for cost, allocation in zip(schedule.costs, allocations[first:], strict=True):
             request = waiting[0]
-            probe = None
-            if (
-                caching
-                and len(waiting) > 1
-                and len(running) + 1 < config.max_num_seqs
-                and waiting[1].registered
-            ):
-                probe = waiting[1].request_id  # the next head, if this one is admitted
-            cost = self._known_cost(request.request_id) if caching else _NO_COST
-            admission = None if cost is None else self._admission(request, budget, cost)
-            if cost is not None and admission is None:
-                break
-            if admission is not None and request.registered:
-                slot = SlotRequest(request.request_id, admission[0] + admission[1])
-                outcome = await self._allocate([slot], probe)
-            else:
-                prompt = None
-                if not request.registered:
-                    prompt = request.spec.prompt_token_runs(with_tokens=self._with_tokens)
-                gate = self._gate(budget)
-                admitted = await self.kv.admit(request.request_id, prompt, gate, probe)
-                request.registered = True
-                outcome = admitted.step
-                self._took(probe, outcome)
-                if not outcome.allocations:
-                    if caching:  # refused: the cache is as it was when it was asked
-                        self._head_cost = (request.request_id, admitted.cost)
-                    break
-                admission = gate.admit(admitted.cost, request.num_tokens, bs)
-                if admission is None:
-                    raise RuntimeError(
-                        f"{request.request_id}: the manager admitted what the gate refuses"
-                    )
-            if not outcome.allocations:
-                break
+            request.registered = True
+            # the slots' blocks and the earlier admissions counted: the call's gate now
+            admission = self._admission(request, budget, cost)
+            if admission is None:
+                raise RuntimeError(
+                    f"{request.request_id}: the manager admitted what the gate refuses"
+                )
             cached, num_new, fresh, inactive_cached = admission
-            allocation = outcome.allocations[0]
             if allocation.cached_blocks * bs != cached:
                 raise RuntimeError(
                     f"{request.request_id}: prefill_cost promised {cached // bs} cached "
@@ -841,6 +886,12 @@ class MockEngine:
             running.append(request)
             scheduled[request] = num_new
             budget -= num_new
+        asked = schedule.step.cost
+        if asked is not None and len(schedule.costs) < len(queue):
+            waiting[0].registered = True  # reached: registered, or by this call
+            self._remember_cost(waiting[0].request_id, asked)
+        else:
+            self._remember_cost(None, None)
 
     async def _allocate(
         self, slots: list[SlotRequest], probe: str | None = None
@@ -892,16 +943,19 @@ class MockEngine:
         return cost
 
     def _gate(self, budget: int, growing: int = 0) -> AdmissionGate:
-        """The admission check's inputs now (`AdmissionGate`): ``budget`` tokens, and what
-        is free or evictable less ``growing`` blocks the step's running requests are
-        about to take and, while some request runs (vLLM's ``has_scheduled_reqs``), the
-        watermark blocks."""
+        """The admission check's inputs now (`AdmissionGate`): ``budget`` tokens, what is
+        free or evictable less ``growing`` blocks the step's running requests are about
+        to take, the watermark, the running requests and the seats left."""
         config = self.config
-        headroom = config.num_gpu_blocks - self._num_active - growing
-        if self.running:
-            headroom -= config.watermark_blocks
+        running = len(self.running)
         return AdmissionGate(
-            budget, headroom, config.enable_chunked_prefill, config.scheduler_reserve_full_isl
+            budget,
+            config.num_gpu_blocks - self._num_active - growing,
+            config.watermark_blocks,
+            running,
+            config.max_num_seqs - running,
+            config.enable_chunked_prefill,
+            config.scheduler_reserve_full_isl,
         )
 
     def _admission(
@@ -913,11 +967,26 @@ class MockEngine:
     ) -> tuple[int, int, int, int] | None:
         """What admitting the waiting ``request`` within ``budget`` tokens at ``cost``
         (None without prefix caching) would take now: (cached tokens, new tokens, fresh
-        blocks, inactive cached blocks it pins); None if it must wait. vLLM's check,
-        `AdmissionGate.admit` of `_gate`; it spares a failing allocation its second
-        prefix walk."""
-        return self._gate(budget, growing).admit(
-            _NO_COST if cost is None else cost, request.num_tokens, self.config.block_size
+        blocks, inactive cached blocks it pins); None if it must wait. vLLM's check
+        (`kvpool.manager.admission.admit_blocks`) of `_gate`'s inputs: what is free or
+        evictable less ``growing`` blocks, less the watermark while some request runs."""
+        config = self.config
+        headroom = config.num_gpu_blocks - self._num_active - growing
+        if self.running:
+            headroom -= config.watermark_blocks
+        cached_blocks = active_cached_blocks = 0
+        if cost is not None:
+            cached_blocks = cost.cached_blocks
+            active_cached_blocks = cost.active_cached_blocks
+        return admit_blocks(
+            cached_blocks,
+            active_cached_blocks,
+            request.num_tokens,
+            config.block_size,
+            budget,
+            headroom,
+            config.enable_chunked_prefill,
+            config.scheduler_reserve_full_isl,
         )
 
     async def _flush(self, request: EngineRequest) -> None:

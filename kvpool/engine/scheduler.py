@@ -46,10 +46,11 @@ def schedule_fitting(
 
 def plan_slots(
     running: list[EngineRequest], start: int, budget: int, block_size: int, caching: bool
-) -> list[tuple[int, int]]:
+) -> tuple[list[tuple[int, int]], int]:
     """The requests from ``running[start]`` on that need a KV call this step if every
-    allocation fits, as (index, tokens to allocate through), in order: the budget is
-    spent as `schedule_fitting` spends it, so those that fit are scheduled as planned."""
+    allocation fits, as (index, tokens to allocate through), in order, and the budget
+    left then: it is spent as `schedule_fitting` spends it, so those that fit are
+    scheduled as planned (and the step's running requests all are, or none is left)."""
     plan: list[tuple[int, int]] = []
     i = start
     count = len(running)
@@ -61,4 +62,4 @@ def plan_slots(
             plan.append((i, target))
         budget -= num_new
         i += 1
-    return plan
+    return plan, budget

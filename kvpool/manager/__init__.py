@@ -14,17 +14,18 @@ from typing import TYPE_CHECKING
 from kvpool.lazy import lazy_attributes
 from kvpool.manager.types import (
     AdmissionGate,
-    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    QueuedRequest,
     RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
+    StepSchedule,
     StepUpdate,
     StretchAllocations,
 )
@@ -37,7 +38,6 @@ else:
 
 __all__ = [
     "AdmissionGate",
-    "AdmissionOutcome",
     "Allocation",
     "DecodeRun",
     "DecodeStretch",
@@ -47,10 +47,12 @@ __all__ = [
     "ManagerStats",
     "PoolUsage",
     "PrefillCost",
+    "QueuedRequest",
     "RunAllocations",
     "SlotRequest",
     "StepAllocations",
     "StepOutcome",
+    "StepSchedule",
     "StepUpdate",
     "StretchAllocations",
     "TimedKvClient",

@@ -8,16 +8,17 @@ from collections.abc import Iterator, Sequence
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
     AdmissionGate,
-    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
     PrefillCost,
+    QueuedRequest,
     RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
+    StepSchedule,
     StepUpdate,
     StretchAllocations,
 )
@@ -61,13 +62,9 @@ class KvManager:
         cache: bool = False,
         new_tokens: Sequence[int] = (),
     ) -> Allocation | None: ...
-    def admit(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int] | None,
-        gate: AdmissionGate,
-        probe: str | None = None,
-    ) -> AdmissionOutcome: ...
+    def schedule(
+        self, slots: Sequence[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+    ) -> StepSchedule: ...
     def allocate_step(
         self, slots: Sequence[SlotRequest], probe: str | None = None
     ) -> StepAllocations: ...

@@ -49,17 +49,18 @@ from kvpool.manager import KvManager, messages
 from kvpool.manager.operations import ManagerState
 from kvpool.manager.types import (
     AdmissionGate,
-    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    QueuedRequest,
     RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
+    StepSchedule,
     StepUpdate,
     StretchAllocations,
 )
@@ -153,18 +154,11 @@ class ManagerClient:
         reply: messages.PrefillCostReply = await self._call(messages.GetPrefillCost(request_id))
         return reply.cost
 
-    async def admit(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int] | None,
-        gate: AdmissionGate,
-        probe: str | None = None,
-    ) -> AdmissionOutcome:
-        """`KvManager.admit`: a queued request's cost, admission check and first
-        allocation in one call (registering it first, given its prompt)."""
-        reply: AdmissionOutcome = await self._call(
-            messages.AdmitRequest(request_id, prompt_token_ids, gate, probe)  # type: ignore[arg-type]
-        )
+    async def schedule(
+        self, slots: list[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+    ) -> StepSchedule:
+        """`KvManager.schedule`: a step's running slots and its admissions in one call."""
+        reply: StepSchedule = await self._call(messages.ScheduleStep(slots, queue, gate))
         return reply
 
     async def allocate(

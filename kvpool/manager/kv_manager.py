@@ -59,20 +59,22 @@ from kvpool.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch
 from kvpool.hashing import BlockHasher, ChunkMemo
 from kvpool.hashing.run_keys import RunKeyer, RunMemo
 from kvpool.hashing.runs import TokenRuns
+from kvpool.manager.admission import admit_blocks
 from kvpool.manager.request import RequestState
 from kvpool.manager.types import (
     AdmissionGate,
-    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    QueuedRequest,
     RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
+    StepSchedule,
     StepUpdate,
     StretchAllocations,
 )
@@ -336,76 +338,134 @@ class KvManager:
             raise InvalidArgumentError(f"cache must be a bool, got {cache!r}")
         return self._grow(state, count, needed, appended, cache)
 
-    def admit(
-        self,
-        request_id: object,
-        prompt_token_ids: object,
-        gate: object,
-        probe: object = None,
-    ) -> AdmissionOutcome:
-        """A queued request's admission in one call: a scheduler's `prefill_cost`
-        question, its admission check (``gate``: `AdmissionGate.admit`) and the first
-        allocation it decides on, as `allocate_steps` of the one slot
-        ``SlotRequest(request_id, cached + new)`` would make it (``probe``'s cost asked
-        after it). With ``prompt_token_ids`` (not None) the request is registered first,
-        as `add_request` registers it: a scheduler tells the manager of a request when
-        it first asks about it, not when it queues it, so an arrival costs no call of
-        its own.
+    def schedule(self, slots: object, queue: object, gate: object) -> StepSchedule:
+        """A step's scheduling in one call: the running requests' ``slots``, as
+        `allocate_steps` of one step, then, if they all fit, vLLM's waiting loop over
+        ``queue`` (`QueuedRequest` s, in order): while ``gate`` is open (budget and a
+        seat left), a request is registered if it comes with its prompt (as
+        `add_request`), its `prefill_cost` asked, and, if the gate lets it in at that
+        cost (`AdmissionGate.admit`), its first allocation made as ``SlotRequest(id,
+        cached + new)`` would make it; the gate then moves on (`AdmissionGate.after`,
+        its headroom less the blocks the pool's active count grew by). The loop stops at
+        the first request refused (by the gate, or blocks that do not fit), which stays
+        registered, waiting; requests after it are not touched. The headroom is the
+        gate's less what the slots took.
 
-        The outcome (`AdmissionOutcome`) holds the request's cost as asked (before the
-        allocation) and the step's result; a refusal (the gate's, or blocks that do not
-        fit) allocates nothing, and the request stays registered, waiting. The request
-        must hold no block (a queued request: new, or preempted). Raises what
-        `add_request` raises (with a prompt) or `UnknownRequestError` (without),
-        `InvalidArgumentError` for a request holding blocks, a bad gate or a probe that
-        names the request itself, `UnknownRequestError` for an unknown probe, and
-        `CapacityError` for an admission the pool could never hold, all before anything
-        changes.
+        The outcome (`StepSchedule`) holds the step's allocations (slots', then
+        admissions'), the events drained, the counters, each admitted request's cost,
+        and the cost of the first request not admitted when the manager knows it
+        (registered before or by this call), asked after everything: a scheduler's next
+        question, answered in the same call. A step's KV work thus costs one call, and a
+        request's arrival none: it reaches the manager with the first step that asks.
+
+        Checked before anything changes: the slots as `allocate_steps` checks them; each
+        queued request registered (no prompt; holding no block: a queued request is new
+        or preempted) or new (a prompt: as `add_request` checks it), named once and not
+        among the slots, and its whole prompt within the pool (`CapacityError`: it
+        could never run); the gate's fields. Raises `InvalidArgumentError`,
+        `UnknownRequestError`, `DuplicateRequestError`, `CapacityError` or what
+        `allocate_steps` raises.
         """
         if type(gate) is not AdmissionGate:
             raise InvalidArgumentError(f"expected an AdmissionGate, got {gate!r:.200}")
         raw: Any = gate  # read untyped until checked
-        budget: object = raw.budget
-        headroom: object = raw.headroom
-        if type(budget) is not int or budget < 1:
-            raise InvalidArgumentError(f"a gate's budget must be an int >= 1, got {budget!r}")
-        if type(headroom) is not int:
-            raise InvalidArgumentError(f"a gate's headroom must be an int, got {headroom!r}")
+        if (
+            type(raw.budget) is not int
+            or type(raw.headroom) is not int
+            or type(raw.watermark) is not int
+            or type(raw.running) is not int
+            or type(raw.seats) is not int
+            or raw.watermark < 0
+            or raw.running < 0
+            or raw.seats < 0
+        ):
+            raise InvalidArgumentError(
+                f"a gate's counts are ints (watermark, running, seats >= 0): {gate!r}"
+            )
         if type(raw.chunked) is not bool or type(raw.full_sequence) is not bool:
             raise InvalidArgumentError(f"a gate's chunked and full_sequence are bools: {gate!r}")
-        registering = prompt_token_ids is not None
-        if registering:
-            rid, state = self._new_request(request_id, cast("Sequence[int]", prompt_token_ids))
-        else:
-            state = self._get(request_id)
-            rid = cast(str, request_id)  # `_get` found it: a registered str
-            if state.num_blocks:
-                raise InvalidArgumentError(f"request {rid!r} holds blocks: admit a queued one")
-        if probe is not None:
-            if probe == rid:
-                raise InvalidArgumentError(f"request {rid!r} cannot probe its own admission")
-            self._get(probe)
+        budget: int = raw.budget
+        headroom: int = raw.headroom
+        watermark: int = raw.watermark
+        running: int = raw.running
+        seats: int = raw.seats
+        chunked: bool = raw.chunked
+        full_sequence: bool = raw.full_sequence
+        running_slots = cast("Sequence[SlotRequest]", slots)
+        checked = self._check_step(running_slots, {})
+        if type(queue) is not list:
+            raise InvalidArgumentError(f"queue must be a list of QueuedRequest, got {queue!r:.200}")
         bs = self._block_size
-        cost = self._cost_of(state)
-        admission = gate.admit(cost, state.num_tokens, bs)
-        target = 0 if admission is None else admission[0] + admission[1]
-        needed = -(-target // bs)
-        if needed > self._pool.capacity:
-            raise CapacityError(
-                f"request {rid!r} needs {needed} blocks; the pool holds {self._pool.capacity}"
-            )
-        if registering:
-            self._requests[rid] = state
+        pool = self._pool
+        named = {slot.request_id for slot in running_slots}
+        waiting: list[tuple[str, RequestState, bool]] = []
+        for queued in queue:
+            if type(queued) is not QueuedRequest:
+                raise InvalidArgumentError(f"expected a QueuedRequest, got {queued!r:.200}")
+            entry: Any = queued
+            prompt: object = entry.prompt_token_ids
+            if prompt is None:
+                state = self._get(entry.request_id)
+                rid = cast(str, entry.request_id)  # `_get` found it: a registered str
+                if state.num_blocks:
+                    raise InvalidArgumentError(f"request {rid!r} holds blocks: it is not queued")
+            else:
+                rid, state = self._new_request(entry.request_id, cast("Sequence[int]", prompt))
+            if rid in named:
+                raise InvalidArgumentError(f"request {rid!r} appears twice in a step's schedule")
+            named.add(rid)
+            blocks = -(-state.num_tokens // bs)
+            if blocks > pool.capacity:
+                raise CapacityError(
+                    f"request {rid!r} needs {blocks} blocks; the pool holds {pool.capacity}"
+                )
+            waiting.append((rid, state, prompt is not None))
+        active = pool.num_active()
         allocations: list[Allocation] = []
+        for state, num_tokens, appended, needed in checked:
+            allocation = self._grow(state, num_tokens, needed, appended, True)
+            if allocation is None:
+                break
+            allocations.append(allocation)
+        costs: list[PrefillCost] = []
         asked = None
-        if admission is not None:
-            allocation = self._grow(state, target, needed, None, True)
-            if allocation is not None:
+        if len(allocations) == len(checked):
+            headroom -= pool.num_active() - active  # what the slots took is not free now
+            for rid, state, new in waiting:
+                if budget <= 0 or seats <= 0:  # the gate is closed: nobody else is asked
+                    if not new:
+                        asked = self._cost_of(state)
+                    break
+                if new:
+                    self._requests[rid] = state
+                cost = self._cost_of(state)
+                admission = admit_blocks(
+                    cost.cached_blocks,
+                    cost.active_cached_blocks,
+                    state.num_tokens,
+                    bs,
+                    budget,
+                    headroom - watermark if running else headroom,
+                    chunked,
+                    full_sequence,
+                )
+                if admission is None:
+                    asked = cost
+                    break
+                target = admission[0] + admission[1]
+                before = pool.num_active()
+                allocation = self._grow(state, target, -(-target // bs), None, True)
+                if allocation is None:
+                    asked = cost
+                    break
                 allocations.append(allocation)
-                if probe is not None:
-                    asked = self.prefill_cost(probe)
-        return AdmissionOutcome(
-            cost, StepAllocations(allocations, self.take_events(), self.stats(), asked)
+                costs.append(cost)
+                budget -= admission[1]
+                headroom -= pool.num_active() - before
+                running += 1
+                seats -= 1
+        return StepSchedule(
+            StepAllocations(allocations, self.take_events(), self.stats(), asked), costs
         )
 
     def allocate_step(self, slots: Sequence[SlotRequest], probe: object = None) -> StepAllocations:

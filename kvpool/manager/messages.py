@@ -18,17 +18,18 @@ import msgspec
 from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
     AdmissionGate,
-    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    QueuedRequest,
     RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
+    StepSchedule,
     StepUpdate,
     StretchAllocations,
 )
@@ -43,15 +44,13 @@ class AddRequest(msgspec.Struct, frozen=True, gc=False, tag=True):
     prompt_token_ids: list[int]
 
 
-class AdmitRequest(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """``KvManager.admit``: a queued request's cost, admission check and first
-    allocation in one call, registering it first when ``prompt_token_ids`` is given;
-    the reply is an `AdmissionOutcome`."""
+class ScheduleStep(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.schedule``: a step's running slots, then its admissions from
+    ``queue`` while ``gate`` lets them in, in one call; the reply is a `StepSchedule`."""
 
-    request_id: str
-    prompt_token_ids: list[int] | None
+    slots: list[SlotRequest]
+    queue: list[QueuedRequest]
     gate: AdmissionGate
-    probe: str | None = None
 
 
 class AppendTokens(msgspec.Struct, frozen=True, gc=False, tag=True):
@@ -184,7 +183,7 @@ ManagerRequest: TypeAlias = (
     | MarkComputed
     | AppendTokens
     | AddRequest
-    | AdmitRequest
+    | ScheduleStep
     | FreeRequest
     | PreemptRequest
     | GetPrefillCost
@@ -258,7 +257,7 @@ ManagerReply: TypeAlias = (
     | BatchReply
     | StepOutcome
     | StepsReply
-    | AdmissionOutcome
+    | StepSchedule
     | StretchAllocations
     | StretchFinished
     | RunAllocations
@@ -288,7 +287,7 @@ def decode(data: bytes) -> ManagerMessage:
 
 __all__ = [
     "AddRequest",
-    "AdmitRequest",
+    "ScheduleStep",
     "AllocateRun",
     "AllocateSlots",
     "AllocateSteps",

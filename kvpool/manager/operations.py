@@ -15,14 +15,14 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
   ahead of newer ones.
 - `TakeEvents` and `TakeBatch` hand events out: undone by putting them back ahead of
   newer ones.
-- `TakeEvents`, `TakeBatch`, `FinishStep`, `FinishStretch`, `AllocateSteps`, `AdmitRequest`
-  and `AllocateStretch` are ``ordered``: the actor serves one only after every earlier
-  one's reply was read or undone, so putting events back never lands them behind newer
+- `TakeEvents`, `TakeBatch`, `FinishStep`, `FinishStretch`, `AllocateSteps`,
+  `ScheduleStep` and `AllocateStretch` are ``ordered``: the actor serves one only after
+  every earlier one's reply was read or undone, so putting events back never lands them behind newer
   events another drainer already took.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
-- `AdmitRequest` hands blocks and events out (and may register): its allocation undone as
-  `AllocateSlots`'s, the request forgotten again if the call registered it, then its
-  events put back ahead of newer ones; ``ordered``, as `AllocateSteps`.
+- `ScheduleStep` hands blocks and events out (and may register requests): each
+  allocation undone as `AllocateSlots`'s, last first, the requests it registered
+  forgotten again, then its events put back ahead of newer ones.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
   their caller left; an unread `FinishStep` reply's events are put back.
 - `FinishStretch` gives blocks back too (its frees run even if its caller left) and
@@ -45,7 +45,6 @@ from kvpool.events import KVEvent
 from kvpool.manager import KvManager
 from kvpool.manager.messages import (
     AddRequest,
-    AdmitRequest,
     AllocateRun,
     AllocateSlots,
     AllocateSteps,
@@ -66,18 +65,19 @@ from kvpool.manager.messages import (
     PreemptRequest,
     PrefillCostReply,
     RunFinished,
+    ScheduleStep,
     StepsReply,
     StretchFinished,
     TakeBatch,
     TakeEvents,
 )
 from kvpool.manager.types import (
-    AdmissionOutcome,
     DecodeRun,
     DecodeStretch,
     PoolUsage,
     RunAllocations,
     StepOutcome,
+    StepSchedule,
     StretchAllocations,
 )
 from kvpool.messages import DoneReply
@@ -139,18 +139,20 @@ class ManagerState:
             manager.undo_allocation(request_id, allocation)
         manager.restore_events([event for step in reply.steps for event in step.events])
 
-    def admit(self, message: AdmitRequest) -> AdmissionOutcome:
-        return self.manager.admit(
-            message.request_id, message.prompt_token_ids, message.gate, message.probe
-        )
+    def schedule(self, message: ScheduleStep) -> StepSchedule:
+        return self.manager.schedule(message.slots, message.queue, message.gate)
 
-    def undo_admit(self, message: AdmitRequest, reply: AdmissionOutcome) -> None:
+    def undo_schedule(self, message: ScheduleStep, reply: StepSchedule) -> None:
         manager = self.manager
-        allocation = reply.allocation
-        if allocation is not None:
-            manager.undo_allocation(message.request_id, allocation)
-        if message.prompt_token_ids is not None:
-            self.undo_add_request(message, reply)
+        allocations = reply.step.allocations
+        fit = len(allocations) - len(reply.costs)  # the slots' allocations come first
+        ids = [slot.request_id for slot in message.slots[:fit]]
+        ids += [queued.request_id for queued in message.queue[: len(reply.costs)]]
+        for request_id, allocation in reversed(list(zip(ids, allocations, strict=True))):
+            manager.undo_allocation(request_id, allocation)
+        for queued in message.queue:
+            if queued.prompt_token_ids is not None:
+                self._forget(queued.request_id)
         manager.restore_events(reply.step.events)
 
     def allocate_stretch(self, message: AllocateStretch) -> StretchAllocations:
@@ -217,10 +219,14 @@ class ManagerState:
             self.manager.add_request(message.request_id, message.prompt_token_ids)
         )
 
-    def undo_add_request(self, message: AddRequest | AdmitRequest, reply: object) -> None:
+    def undo_add_request(self, message: AddRequest, reply: PrefillCostReply) -> None:
+        self._forget(message.request_id)
+
+    def _forget(self, request_id: str) -> None:
+        """Forget a request an unread reply registered, while it holds no block."""
         manager = self.manager
-        if message.request_id in manager and not manager.num_blocks(message.request_id):
-            manager.free(message.request_id)
+        if request_id in manager and not manager.num_blocks(request_id):
+            manager.free(request_id)
 
     def free(self, message: FreeRequest) -> DoneReply:
         self.manager.free(message.request_id)
@@ -283,10 +289,10 @@ OPERATIONS: tuple[Operation[ManagerState, Any, Any], ...] = (
         ordered=True,
     ),
     Operation(
-        AdmitRequest,
-        AdmissionOutcome,
-        ManagerState.admit,
-        undo=ManagerState.undo_admit,
+        ScheduleStep,
+        StepSchedule,
+        ManagerState.schedule,
+        undo=ManagerState.undo_schedule,
         ordered=True,
     ),
     Operation(

@@ -8,6 +8,7 @@ from typing import cast
 import msgspec
 
 from kvpool.events import KVEvent
+from kvpool.manager.admission import admit_blocks
 from kvpool.manager.run_slots import gather, spell_out
 from kvpool.messages.values import PoolUsage
 from kvpool.pool import BlockId
@@ -62,55 +63,58 @@ class PrefillCost(msgspec.Struct, frozen=True, gc=False):
 
 
 class AdmissionGate(msgspec.Struct, frozen=True, gc=False):
-    """What a scheduler lets a queued request take this step: the inputs of vLLM 0.33's
-    admission check, which `admit` applies (`KvManager.admit` asks it in the same call
-    as the allocation; a scheduler that knows the cost asks it itself first).
+    """What a step lets its queued requests take: the inputs of vLLM 0.33's admission
+    loop (``Scheduler.schedule``'s waiting queue, ``KVCacheManager.allocate_slots`` with
+    ``full_sequence_must_fit``), which `KvManager.schedule` runs; a scheduler that knows
+    the queue head's cost asks `admit` itself first.
 
     ``budget``: tokens left in the step's budget (``max_num_batched_tokens`` less what
-    is scheduled). ``headroom``: blocks the request may take from what is free or
-    evictable, less the blocks the step's running requests take (or are about to) and
-    the watermark blocks while any request runs. ``chunked``: the prompt may be
-    computed over several steps (chunked prefill), else it waits for a budget that holds
-    it whole. ``full_sequence``: the fresh blocks of the request's whole sequence must
-    fit (vLLM's ``full_sequence_must_fit``, ``scheduler_reserve_full_isl``), else those
-    of this step's chunk.
+    is scheduled). ``headroom``: blocks the next admission may take from what is free or
+    evictable (less what the step's running requests are about to take), before the
+    watermark. ``watermark``: blocks held back while any request runs. ``running``:
+    requests running before the next admission (vLLM's ``has_scheduled_reqs``: the
+    watermark applies). ``seats``: how many more may run (``max_num_seqs`` less the
+    running). ``chunked``: a prompt may be computed over several steps (chunked
+    prefill), else it waits for a budget that holds it whole. ``full_sequence``: the
+    fresh blocks of the request's whole sequence must fit (``scheduler_reserve_full_isl``),
+    else those of this step's chunk.
     """
 
     budget: int
     headroom: int
+    watermark: int = 0
+    running: int = 0
+    seats: int = 1
     chunked: bool = True
     full_sequence: bool = True
 
     def admit(
         self, cost: PrefillCost, num_tokens: int, block_size: int
     ) -> tuple[int, int, int, int] | None:
-        """What admitting a request of ``num_tokens`` tokens at ``cost`` takes: (cached
-        tokens, new tokens this step, fresh blocks, inactive cached blocks it pins);
-        None if it must wait.
-
-        vLLM's check (``allocate_slots``, its ``full_sequence_must_fit`` gate first): the
-        fresh blocks (of the whole sequence with ``full_sequence``; else of this step's
-        chunk) plus the inactive cached prefix the allocation takes out of the free
-        queue must fit in ``headroom``. A whole sequence needs at least its chunk's
-        blocks, so the chunk's own check, which vLLM makes next, never refuses what this
-        one admits. Without the full-sequence gate and the watermark it is exact (the
-        allocation fails exactly when it refuses).
-        """
-        cached_blocks = cost.cached_blocks
-        inactive_cached = cached_blocks - cost.active_cached_blocks
-        cached = cached_blocks * block_size
-        num_new = num_tokens - cached
-        if num_new > self.budget:
-            if not self.chunked:
-                return None
-            num_new = self.budget
-        fresh = -(-(cached + num_new) // block_size) - cached_blocks
-        required = fresh + inactive_cached
-        if self.full_sequence:
-            required += -(-num_tokens // block_size) - cached_blocks - fresh
-        if required > self.headroom:
+        """What admitting a request of ``num_tokens`` tokens at ``cost`` takes now, budget
+        and a seat left (else None): `kvpool.manager.admission.admit_blocks`, the
+        watermark taken off the headroom while some request runs."""
+        if self.budget <= 0 or self.seats <= 0:
             return None
-        return cached, num_new, fresh, inactive_cached
+        return admit_blocks(
+            cost.cached_blocks,
+            cost.active_cached_blocks,
+            num_tokens,
+            block_size,
+            self.budget,
+            self.headroom - self.watermark if self.running else self.headroom,
+            self.chunked,
+            self.full_sequence,
+        )
+
+
+class QueuedRequest(msgspec.Struct, frozen=True, gc=False):
+    """A waiting request a step may admit (`KvManager.schedule`): its id, and its prompt
+    when the manager has not heard of it yet (it is registered when the step reaches it,
+    as `KvManager.add_request` registers it)."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int] | None = None
 
 
 class ManagerStats(msgspec.Struct, frozen=True, gc=False):
@@ -187,21 +191,16 @@ class StepAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
     cost: PrefillCost | None = None
 
 
-class AdmissionOutcome(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """What `KvManager.admit` did: the request's `PrefillCost` as it asked it (before
-    the allocation), and the step's result as `KvManager.allocate_steps` of its one slot
-    gives it: its `Allocation` (none: the gate refused, or the blocks did not fit), the
-    events drained, the counters, and the probed request's cost after it (None: no
-    probe, or nothing allocated)."""
+class StepSchedule(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """What `KvManager.schedule` did: ``step`` as `KvManager.allocate_steps` gives one
+    step (an `Allocation` per running slot that fit, in order, then one per admitted
+    request; the events drained; the counters; and as ``cost`` the `PrefillCost` of the
+    first queued request not admitted, asked after everything, when the step registered
+    it or it was registered before; else None), and ``costs``, each admitted request's
+    cost as asked before its allocation."""
 
-    cost: PrefillCost
     step: StepAllocations
-
-    @property
-    def allocation(self) -> Allocation | None:
-        """The request's first allocation, or None if it must wait."""
-        allocations = self.step.allocations
-        return allocations[0] if allocations else None
+    costs: list[PrefillCost]
 
 
 class DecodeStretch(msgspec.Struct, frozen=True, gc=False):
@@ -350,17 +349,18 @@ class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 __all__ = [
     "AdmissionGate",
-    "AdmissionOutcome",
     "Allocation",
     "DecodeRun",
     "DecodeStretch",
     "ManagerStats",
     "PoolUsage",
     "PrefillCost",
+    "QueuedRequest",
     "RunAllocations",
     "SlotRequest",
     "StepAllocations",
     "StepOutcome",
+    "StepSchedule",
     "StretchAllocations",
     "StepUpdate",
 ]

@@ -24,13 +24,14 @@ from kvpool.errors import (
 from kvpool.events import BlockRemoved, BlockStored, EventCollector
 from kvpool.manager import (
     AdmissionGate,
-    AdmissionOutcome,
     DecodeRun,
     KvManager,
     PrefillCost,
+    QueuedRequest,
     RunAllocations,
     SlotRequest,
     StepAllocations,
+    StepSchedule,
     StepUpdate,
 )
 from kvpool.pool import BlockPool
@@ -532,16 +533,16 @@ class CountingKv(LocalKvClient):
         )
         return await super().allocate_run(run, probe, stop_if_cost_changes=stop_if_cost_changes)
 
-    async def admit(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int] | None,
-        gate: AdmissionGate,
-        probe: str | None = None,
-    ) -> AdmissionOutcome:
-        self.slots.append([request_id])
-        self.registered += prompt_token_ids is not None
-        return await super().admit(request_id, prompt_token_ids, gate, probe)
+    async def schedule(
+        self, slots: list[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+    ) -> StepSchedule:
+        """Recorded as the slots that fit, then the requests admitted."""
+        schedule = await super().schedule(slots, queue, gate)
+        fit = len(schedule.step.allocations) - len(schedule.costs)
+        admitted = queue[: len(schedule.costs)]
+        self.slots.append([s.request_id for s in slots[:fit]] + [q.request_id for q in admitted])
+        self.registered += sum(q.prompt_token_ids is not None for q in admitted)
+        return schedule
 
     async def prefill_cost(self, request_id: str) -> PrefillCost:
         self.costs += 1
@@ -549,23 +550,22 @@ class CountingKv(LocalKvClient):
 
 
 async def test_a_steps_allocations_and_admission_costs_share_calls() -> None:
-    """The running requests that need blocks are allocated in one call, and the queue's
-    head's cost rides on a call that came before (the allocation before it, or the last
-    step's updates) or on its admission's own call, which registers a new request: no
-    prefill_cost, and no call at its arrival."""
+    """A step's KV work is one call: the running requests that need blocks, then the
+    admissions, each new request registered by the call that admits it: no
+    prefill_cost, and no call at an arrival."""
     config = EngineConfig(num_gpu_blocks=64, block_size=4, max_num_seqs=8)
     kv = CountingKv(KvManager(BlockPool(64), 4))
     engine = MockEngine(kv, config)
     for name in "abcd":
         await engine.submit(spec(name, 4, 6))  # one full block each
     await engine.step()
-    # each new head is registered, asked and admitted in one call
-    assert (kv.slots, kv.costs, kv.registered) == ([["a"], ["b"], ["c"], ["d"]], 0, 4)
+    # the four new requests are registered, asked and admitted in one call
+    assert (kv.slots, kv.costs, kv.registered) == ([["a", "b", "c", "d"]], 0, 4)
     kv.slots.clear()
     await engine.submit(spec("e", 4, 6))
     await engine.step()  # every running request's fifth token needs a second block
-    assert kv.slots == [["a", "b", "c", "d"], ["e"]]
-    assert (kv.costs, kv.registered) == (0, 5)  # e's cost rode on its admission's call
+    assert kv.slots == [["a", "b", "c", "d", "e"]]  # and e admitted in the same call
+    assert (kv.costs, kv.registered) == (0, 5)
     await run_steps(engine)
     assert engine.stats.completed == 5
     assert_clean(kv)

@@ -50,13 +50,16 @@ from kvpool.engine import runner as runner_module
 from kvpool.engine.request import EngineRequest
 from kvpool.events import EventCollector
 from kvpool.manager import (
+    AdmissionGate,
     DecodeRun,
     KvManager,
     PrefillCost,
+    QueuedRequest,
     RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
+    StepSchedule,
     StepUpdate,
     StretchAllocations,
 )
@@ -171,8 +174,8 @@ class OneSlotKv(LocalKvClient):
 
 
 class CountingSteps(LocalKvClient):
-    """Records each `allocate_steps`, `allocate_run` and `finish_run` call: per step,
-    its slots' token counts."""
+    """Records each `allocate_steps`, `schedule`, `allocate_run` and `finish_run` call:
+    per step, its (running) slots' token counts."""
 
     def __init__(self, manager: KvManager) -> None:
         super().__init__(manager)
@@ -187,6 +190,12 @@ class CountingSteps(LocalKvClient):
     ) -> list[StepAllocations]:
         self.calls.append([[slot.num_tokens for slot in slots] for slots in steps])
         return await super().allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
+
+    async def schedule(
+        self, slots: list[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+    ) -> StepSchedule:
+        self.calls.append([[slot.num_tokens for slot in slots]])
+        return await super().schedule(slots, queue, gate)
 
     async def allocate_run(
         self,
@@ -1022,10 +1031,11 @@ def test_a_jump_watching_the_head_ends_with_the_step_whose_fill_admits_it() -> N
     records = {r.request_id: r for r in twins.jumper.stats.requests}
     assert records["h"].first_scheduled_s == 1.0  # step 5 starts at 1.0
     assert records["h"].cached_tokens == 8
-    # step 2 grew a's table (position 5) alone; the jump's fill, in one call planned on
-    # to a's next growth (position 9), which the manager did not try: it stopped after
-    # the step that changed h's cost
-    assert counting.calls[:2] == [[[5]], [[8], [9]]]
+    # a's admission (no running slot), then step 2 grew a's table (position 5) and asked
+    # h in one call; the jump's fill, in one call planned on to a's next growth
+    # (position 9), which the manager did not try: it stopped after the step that
+    # changed h's cost
+    assert counting.calls[:3] == [[[]], [[5]], [[8], [9]]]
 
 
 @pytest.mark.parametrize(

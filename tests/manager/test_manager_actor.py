@@ -27,19 +27,20 @@ from kvpool.manager import (
     DecodeStretch,
     KvManager,
     ManagerClient,
+    QueuedRequest,
     SlotRequest,
     StepUpdate,
     open_manager,
 )
 from kvpool.manager.messages import (
     AddRequest,
-    AdmitRequest,
     AllocateRun,
     AllocateSlots,
     AllocateSteps,
     AllocateStretch,
     FinishRun,
     FinishStretch,
+    ScheduleStep,
     TakeEvents,
 )
 from kvpool.manager.operations import ManagerState
@@ -287,11 +288,13 @@ class Worker:
                     await kv.add_request(self.rid, self.prompt)
                 else:  # registered, asked and maybe admitted (a chunk) in one call
                     gate = AdmissionGate(rng.randrange(1, 12), rng.randrange(8))
-                    outcome = await kv.admit(self.rid, self.prompt, gate)
+                    queue = [QueuedRequest(self.rid, self.prompt)]
+                    outcome = await kv.schedule([], queue, gate)
                     self.drained.extend(outcome.step.events)
-                    if outcome.allocation is not None:
-                        self.blocks = outcome.allocation.block_ids
-                        cached = outcome.allocation.cached_blocks * BS
+                    if outcome.costs:
+                        (allocation,) = outcome.step.allocations
+                        self.blocks = allocation.block_ids
+                        cached = allocation.cached_blocks * BS
                         self.computed = cached + min(len(self.prompt) - cached, gate.budget)
                 self.registered = True
             if not self.registered:
@@ -504,26 +507,29 @@ def test_undoing_an_unread_add_request_forgets_it() -> None:
     assert "a" not in manager
 
 
-@pytest.mark.parametrize("registers", [True, False])
-def test_undoing_an_unread_admission_gives_back_its_blocks_and_its_events(
-    registers: bool,
-) -> None:
-    """An `AdmitRequest` whose caller never read the reply: its blocks go back, a request
-    it registered is forgotten (one registered before stays, queued), and the events it
-    drained (an older one included) are queued again, oldest first."""
+def test_undoing_an_unread_schedule_gives_back_its_blocks_and_its_events() -> None:
+    """A `ScheduleStep` whose caller never read the reply: its running slot's and its
+    admissions' blocks go back, the request it registered is forgotten (one registered
+    before stays, queued), and the events it drained (an older one included) are queued
+    again, oldest first."""
     handlers, manager = _handlers()
     manager.add_request("old", list(range(100, 104)))
     assert manager.allocate("old", 4, cache=True) is not None  # one Stored queued
-    if not registers:
-        manager.add_request("a", list(range(9)))
-    message = AdmitRequest("a", list(range(9)) if registers else None, AdmissionGate(16, 7))
-    reply = handlers.admit(message)
-    assert reply.allocation is not None
-    assert reply.allocation.num_blocks == 3
-    assert [len(e.block_hashes) for e in reply.step.events] == [1, 2]  # old's, a's
-    handlers.undo_admit(message, reply)
-    assert ("a" in manager) is not registers
-    assert manager.pool.num_active() == 1  # old's block only
+    manager.add_request("run", list(range(200, 203)))
+    assert manager.allocate("run", 3, cache=True) is not None  # one block, none full
+    manager.add_request("known", list(range(50, 54)))
+    message = ScheduleStep(
+        [SlotRequest("run", 5, [7, 8])],
+        [QueuedRequest("new", list(range(9))), QueuedRequest("known")],
+        AdmissionGate(16, 8, seats=2),
+    )
+    reply = handlers.schedule(message)
+    assert [a.num_blocks for a in reply.step.allocations] == [1, 3, 1]
+    assert [len(e.block_hashes) for e in reply.step.events] == [1, 1, 2, 1]
+    handlers.undo_schedule(message, reply)
+    assert "new" not in manager
+    assert (manager.num_blocks("run"), manager.num_blocks("known")) == (1, 0)
+    assert manager.pool.num_active() == 2  # old's block and run's first
     assert manager.take_events() == reply.step.events
     manager.check_invariants()
 
@@ -590,18 +596,18 @@ async def test_asyncio_drain_cancelled_after_the_reply_loses_no_event() -> None:
 
 
 @pytest.mark.asyncio
-async def test_asyncio_admission_cancelled_after_the_reply_is_undone() -> None:
+async def test_asyncio_schedule_cancelled_after_the_reply_is_undone() -> None:
     managers: list[KvManager] = []
     async with open_manager(8, BS, on_create=managers.append) as kv:
         (manager,) = managers
-        call = kv.admit("a", list(range(9)), AdmissionGate(16, 8))
+        queue = [QueuedRequest("a", list(range(9)))]
+        call = kv.schedule([], queue, AdmissionGate(16, 8))
         await _cancel_after_reply(manager, call, lambda: "a" in manager)
         await kv.check_invariants()  # queued behind the undo
         assert "a" not in manager
         assert (await kv.usage()).num_active == 0
-        outcome = await kv.admit("a", list(range(9)), AdmissionGate(16, 8))  # not a duplicate
-        assert outcome.allocation is not None
-        assert outcome.allocation.num_blocks == 3
+        outcome = await kv.schedule([], queue, AdmissionGate(16, 8))  # not a duplicate
+        assert [a.num_blocks for a in outcome.step.allocations] == [3]
 
 
 @pytest.mark.asyncio

@@ -10,23 +10,23 @@ import pytest
 from kvpool.events import BlockRemoved, BlockStored, KVEventBatch
 from kvpool.manager import (
     AdmissionGate,
-    AdmissionOutcome,
     Allocation,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
     PoolUsage,
     PrefillCost,
+    QueuedRequest,
     RunAllocations,
     SlotRequest,
     StepAllocations,
     StepOutcome,
+    StepSchedule,
     StepUpdate,
     StretchAllocations,
 )
 from kvpool.manager.messages import (
     AddRequest,
-    AdmitRequest,
     AllocateRun,
     AllocateSlots,
     AllocateSteps,
@@ -50,6 +50,7 @@ from kvpool.manager.messages import (
     PreemptRequest,
     PrefillCostReply,
     RunFinished,
+    ScheduleStep,
     StepsReply,
     StretchFinished,
     TakeBatch,
@@ -63,8 +64,12 @@ from kvpool.pool import BlockId
 MESSAGES: list[ManagerMessage] = [
     AddRequest("r1", [1, 2, 2**32 - 1]),
     AppendTokens("r1", [7]),
-    AdmitRequest("r1", [1, 2, 2**32 - 1], AdmissionGate(512, 30)),
-    AdmitRequest("r1", None, AdmissionGate(8, -2, chunked=False, full_sequence=False), "r2"),
+    ScheduleStep([], [QueuedRequest("r1", [1, 2, 2**32 - 1])], AdmissionGate(512, 30)),
+    ScheduleStep(
+        [SlotRequest("r2", 17, [5])],
+        [QueuedRequest("r1"), QueuedRequest("r3", [4])],
+        AdmissionGate(8, -2, 4, 1, 2, chunked=False, full_sequence=False),
+    ),
     GetPrefillCost("r1"),
     AllocateSlots("r1", 17),
     AllocateSlots("r1", 17, wait=True),
@@ -141,14 +146,14 @@ MESSAGES: list[ManagerMessage] = [
     ),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0)),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0), PrefillCost(1, 1, 0)),
-    AdmissionOutcome(
-        PrefillCost(2, 1, 3),
+    StepSchedule(
         StepAllocations(
             [Allocation([BlockId(5)], 2, [9])],
             [BlockRemoved(block_hashes=[9])],
             ManagerStats(2, 9, 4, 1, 0, 1),
             PrefillCost(0, 0, 1),
         ),
+        [PrefillCost(2, 1, 3)],
     ),
     DoneReply(),
     ErrorReply("UnknownRequestError", "request 'x' is not registered"),

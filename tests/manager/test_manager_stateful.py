@@ -16,7 +16,7 @@ from router_view import RouterView
 
 from kvpool.errors import PoolError
 from kvpool.events import decode_batch, encode_batch
-from kvpool.manager import AdmissionGate, KvManager
+from kvpool.manager import AdmissionGate, KvManager, QueuedRequest, SlotRequest
 from kvpool.pool import BlockPool
 
 BS = 4
@@ -87,26 +87,39 @@ class ManagerMachine(RuleBasedStateMachine):
             self.learn(request_id)
 
     @rule(
-        request_id=st.sampled_from(IDS),
-        tokens=st.none() | TOKENS,
+        grown=st.lists(st.tuples(st.sampled_from(IDS), st.integers(0, 5)), max_size=2),
+        queued=st.lists(st.tuples(st.sampled_from(IDS), st.none() | TOKENS), max_size=3),
         gate=st.builds(
             AdmissionGate,
             budget=st.integers(0, 24),
             headroom=st.integers(-1, 9),
+            watermark=st.integers(0, 1),
+            running=st.integers(0, 2),
+            seats=st.integers(0, 3),
             chunked=st.booleans(),
             full_sequence=st.booleans(),
         ),
-        probe=st.none() | st.sampled_from(IDS),
     )
-    def admit(
-        self, request_id: str, tokens: list[int] | None, gate: AdmissionGate, probe: str | None
+    def schedule(
+        self,
+        grown: list[tuple[str, int]],
+        queued: list[tuple[str, list[int] | None]],
+        gate: AdmissionGate,
     ) -> None:
-        """A queued request's admission, registering it given its prompt (mistakes too:
-        a duplicate, an unknown id or probe, a request holding blocks, no budget)."""
-        outcome = self.attempt(lambda: self.manager.admit(request_id, tokens, gate, probe))
-        self.learn(request_id)
+        """A step: running slots (growing by a few new tokens), then admissions, new
+        requests registered with their prompts (mistakes too: a duplicate, an unknown
+        id, a request holding blocks or named twice, a slot beyond its tokens)."""
+        manager = self.manager
+        slots = [
+            SlotRequest(r, manager.num_tokens(r) + more if r in manager else more, [1] * more)
+            for r, more in grown
+        ]
+        queue = [QueuedRequest(r, tokens) for r, tokens in queued]
+        outcome = self.attempt(lambda: manager.schedule(slots, queue, gate))
+        for request_id in IDS:
+            self.learn(request_id)
         if outcome is not None:
-            self.manager.restore_events(outcome.step.events)  # the call drained them
+            manager.restore_events(outcome.step.events)  # the call drained them
 
     @rule(request_id=st.sampled_from(IDS), share=st.floats(0, 1))
     def allocate(self, request_id: str, share: float) -> None:
