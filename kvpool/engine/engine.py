@@ -730,7 +730,7 @@ class MockEngine:
                 slots.append(SlotRequest(request.request_id, target, pending))
             # If every slot fits, this call is the step's last (`plan_slots`): its
             # admissions ride on it, and the step's KV work is one call.
-            queue = [] if preempted else self._queue(left, plan)
+            queue = [] if preempted else self._queue(left, plan, 1)
             if queue:
                 schedule = await self.kv.schedule(slots, queue, self._gate(left))
                 self._took(None, schedule.step)
@@ -758,7 +758,9 @@ class MockEngine:
                     i, budget = schedule_fitting(running, i, budget, scheduled, bs, caching)
                     if budget != left:
                         raise RuntimeError(f"planned a budget of {left} left, scheduled {budget}")
-                    self._admitted_by(schedule, queue, scheduled, left)
+                    budget, more = self._admitted_by(schedule, queue, scheduled, left)
+                    if more:
+                        await self._admit(scheduled, budget, 2 * len(queue))
                     return scheduled
                 continue
             for (index, _), num_sent in zip(plan[refused + 1 :], told[refused + 1 :], strict=True):
@@ -794,23 +796,31 @@ class MockEngine:
             await self._admit(scheduled, budget)
         return scheduled
 
-    async def _admit(self, scheduled: dict[EngineRequest, int], budget: int) -> None:
+    async def _admit(
+        self, scheduled: dict[EngineRequest, int], budget: int, limit: int = 1
+    ) -> None:
         """Admit waiting requests into ``scheduled``, first come first served, while the
         budget lasts and fewer than ``max_num_seqs`` run: vLLM's waiting loop, run by the
-        manager in one call (`KvClient.schedule`, with no running slot), unless
-        `_queue` says the step admits nobody."""
-        queue = self._queue(budget, [])
-        if not queue:
-            return
-        schedule = await self.kv.schedule([], queue, self._gate(budget))
-        self._took(None, schedule.step)
-        self._admitted_by(schedule, queue, scheduled, budget)
+        manager (`KvClient.schedule`, with no running slot), unless `_queue` says the
+        step admits nobody: a call hands over ``limit`` waiting requests, and while it
+        admits them all the next hands over twice as many."""
+        while True:
+            queue = self._queue(budget, [], limit)
+            if not queue:
+                return
+            schedule = await self.kv.schedule([], queue, self._gate(budget))
+            self._took(None, schedule.step)
+            budget, more = self._admitted_by(schedule, queue, scheduled, budget)
+            if not more:
+                return
+            limit = 2 * len(queue)
 
-    def _queue(self, budget: int, plan: list[tuple[int, int]]) -> list[QueuedRequest]:
+    def _queue(self, budget: int, plan: list[tuple[int, int]], limit: int) -> list[QueuedRequest]:
         """The waiting requests a step with ``budget`` tokens left after its running
         requests' ``plan`` (`plan_slots`) may reach, in order: one per free seat
-        (``max_num_seqs``), each with its prompt if the manager has not heard of it, and
-        the one after them if the manager knows it (its cost comes back with the reply).
+        (``max_num_seqs``), at most ``limit`` (a long queue is not handed over whole each
+        step: most of it waits), each with its prompt if the manager has not heard of it,
+        and the one after the last seat if the manager knows it (its cost comes back).
         None when the step admits nobody: no budget or seat, or the head's cost known
         (any cost without prefix caching) and refused, the plan's growth counted (the
         cache may change only with prefix caching: a cost the allocations may change is
@@ -837,6 +847,8 @@ class MockEngine:
                 if request.registered:
                     queue.append(QueuedRequest(request.request_id))
                 break
+            if len(queue) == limit:
+                break
             prompt = None
             if not request.registered:
                 prompt = request.spec.prompt_token_runs(with_tokens=self._with_tokens)
@@ -849,12 +861,13 @@ class MockEngine:
         queue: list[QueuedRequest],
         scheduled: dict[EngineRequest, int],
         budget: int,
-    ) -> None:
+    ) -> tuple[int, bool]:
         """Take in the admissions of a `KvClient.schedule` call that left ``budget``
         tokens after its slots: each admitted request leaves the queue for ``scheduled``
         with its cached prefix and this step's chunk, as the call's gate (as it was after
         the slots, moving on) admitted it; the first not admitted is known to the
-        manager once the call reached it (its cost came back)."""
+        manager once the call reached it (its cost came back). Returns the budget left
+        and whether every request handed over was admitted (more may be)."""
         bs = self.config.block_size
         waiting = self.waiting
         running = self.running
@@ -892,6 +905,7 @@ class MockEngine:
             self._remember_cost(waiting[0].request_id, asked)
         else:
             self._remember_cost(None, None)
+        return budget, len(schedule.costs) == len(queue)
 
     async def _allocate(
         self, slots: list[SlotRequest], probe: str | None = None

@@ -237,17 +237,28 @@ class KvManager:
         self, request_id: object, prompt_token_ids: Sequence[int]
     ) -> tuple[str, RequestState]:
         """`add_request`'s checks and the new request's state, not yet registered."""
+        rid, tokens = self._check_new(request_id, prompt_token_ids)
+        return rid, self._state_of(tokens)
+
+    def _check_new(
+        self, request_id: object, prompt_token_ids: Sequence[int]
+    ) -> tuple[str, array[int] | TokenRuns | range]:
+        """`add_request`'s checks: the id and the checked prompt."""
         rid = check_request_id(request_id)
         tokens = check_tokens(prompt_token_ids)
         if rid in self._requests:
             raise DuplicateRequestError(f"request {rid!r} is already registered")
+        return rid, tokens
+
+    def _state_of(self, tokens: array[int] | TokenRuns | range) -> RequestState:
+        """A new request's state, its (checked) prompt named (hashed or keyed)."""
         if self._run_keys:
             state = RequestState(None, RunKeyer(self._block_size))
         else:
             hasher = BlockHasher(self._block_size, memo=self._memo) if self._caching else None
             state = RequestState(hasher, None, self._run_memo)
         state.extend(tokens)
-        return rid, state
+        return state
 
     def append_tokens(self, request_id: object, token_ids: Sequence[int]) -> None:
         """Append (decoded) tokens to a request, hashing the blocks they complete.
@@ -398,28 +409,34 @@ class KvManager:
         bs = self._block_size
         pool = self._pool
         named = {slot.request_id for slot in running_slots}
-        waiting: list[tuple[str, RequestState, bool]] = []
+        # (id, state if registered, checked prompt if new): a new request's prompt is
+        # named (hashed or keyed) only if the loop reaches it
+        waiting: list[tuple[str, RequestState | None, array[int] | TokenRuns | range | None]] = []
         for queued in queue:
             if type(queued) is not QueuedRequest:
                 raise InvalidArgumentError(f"expected a QueuedRequest, got {queued!r:.200}")
             entry: Any = queued
             prompt: object = entry.prompt_token_ids
+            registered: RequestState | None = None
+            tokens: array[int] | TokenRuns | range | None = None
             if prompt is None:
-                state = self._get(entry.request_id)
+                registered = self._get(entry.request_id)
                 rid = cast(str, entry.request_id)  # `_get` found it: a registered str
-                if state.num_blocks:
+                if registered.num_blocks:
                     raise InvalidArgumentError(f"request {rid!r} holds blocks: it is not queued")
+                length = registered.num_tokens
             else:
-                rid, state = self._new_request(entry.request_id, cast("Sequence[int]", prompt))
+                rid, tokens = self._check_new(entry.request_id, cast("Sequence[int]", prompt))
+                length = len(tokens)
             if rid in named:
                 raise InvalidArgumentError(f"request {rid!r} appears twice in a step's schedule")
             named.add(rid)
-            blocks = -(-state.num_tokens // bs)
+            blocks = -(-length // bs)
             if blocks > pool.capacity:
                 raise CapacityError(
                     f"request {rid!r} needs {blocks} blocks; the pool holds {pool.capacity}"
                 )
-            waiting.append((rid, state, prompt is not None))
+            waiting.append((rid, registered, tokens))
         active = pool.num_active()
         allocations: list[Allocation] = []
         for state, num_tokens, appended, needed in checked:
@@ -431,13 +448,16 @@ class KvManager:
         asked = None
         if len(allocations) == len(checked):
             headroom -= pool.num_active() - active  # what the slots took is not free now
-            for rid, state, new in waiting:
+            for rid, registered, tokens in waiting:
                 if budget <= 0 or seats <= 0:  # the gate is closed: nobody else is asked
-                    if not new:
-                        asked = self._cost_of(state)
+                    if registered is not None:
+                        asked = self._cost_of(registered)
                     break
-                if new:
-                    self._requests[rid] = state
+                if registered is not None:
+                    state = registered
+                else:
+                    assert tokens is not None
+                    state = self._requests[rid] = self._state_of(tokens)
                 cost = self._cost_of(state)
                 admission = admit_blocks(
                     cost.cached_blocks,

@@ -550,17 +550,18 @@ class CountingKv(LocalKvClient):
 
 
 async def test_a_steps_allocations_and_admission_costs_share_calls() -> None:
-    """A step's KV work is one call: the running requests that need blocks, then the
-    admissions, each new request registered by the call that admits it: no
-    prefill_cost, and no call at an arrival."""
+    """A step's KV work is one call (more only while a queue's requests all get in):
+    the running requests that need blocks, then the admissions, each new request
+    registered by the call that admits it: no prefill_cost, and no call at an arrival."""
     config = EngineConfig(num_gpu_blocks=64, block_size=4, max_num_seqs=8)
     kv = CountingKv(KvManager(BlockPool(64), 4))
     engine = MockEngine(kv, config)
     for name in "abcd":
         await engine.submit(spec(name, 4, 6))  # one full block each
     await engine.step()
-    # the four new requests are registered, asked and admitted in one call
-    assert (kv.slots, kv.costs, kv.registered) == ([["a", "b", "c", "d"]], 0, 4)
+    # each new request is registered, asked and admitted by the call that hands it over:
+    # one at first, then twice as many while they all get in
+    assert (kv.slots, kv.costs, kv.registered) == ([["a"], ["b", "c"], ["d"]], 0, 4)
     kv.slots.clear()
     await engine.submit(spec("e", 4, 6))
     await engine.step()  # every running request's fifth token needs a second block
@@ -568,6 +569,34 @@ async def test_a_steps_allocations_and_admission_costs_share_calls() -> None:
     assert (kv.costs, kv.registered) == (0, 5)
     await run_steps(engine)
     assert engine.stats.completed == 5
+    assert_clean(kv)
+
+
+async def test_a_long_queue_is_handed_over_a_few_requests_at_a_time() -> None:
+    """A step hands the manager one waiting request, then twice as many while all get
+    in: a queue of 40 where 5 fit costs three calls of 1, 2 and 4 requests (the last
+    one refused), not 40 prompts named each step."""
+    config = EngineConfig(num_gpu_blocks=10, block_size=4, max_num_seqs=64)
+    kv = CountingKv(KvManager(BlockPool(10), 4))
+    engine = MockEngine(kv, config)
+    handed: list[int] = []
+    schedule = kv.schedule
+
+    async def counted(
+        slots: list[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+    ) -> StepSchedule:
+        handed.append(len(queue))
+        return await schedule(slots, queue, gate)
+
+    kv.schedule = counted  # type: ignore[method-assign]
+    for i in range(40):
+        await engine.submit(spec(f"r{i}", 6, 2))  # two blocks each: five fit in ten
+    await engine.step()
+    assert handed == [1, 2, 4]
+    assert len(engine.running) == 5
+    assert len(kv.manager) == 6  # the five admitted and the first refused
+    await run_steps(engine)
+    assert engine.stats.completed == 40
     assert_clean(kv)
 
 

@@ -33,7 +33,7 @@ RUNS = {
         [
             *("fast-forward", "step by step", "steps simulated", "KV calls", "ms/request"),
             "answered from a recording, same totals",
-            "per request (admissions",
+            "per request (steps",
             *("16384", "in the model", "database queries"),
         ],
     ),
