@@ -30,18 +30,21 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
 3. *Execution*: the simulated clock advances by the timing model's step time; each
    scheduled request's computed count grows; a request that has computed all its tokens
    samples one, and finishes, releasing its blocks leaf first, after its last output
-   token. The running requests that need blocks (or fill one) are allocated in one
-   call (`KvClient.allocate_steps`, in order, stopping at the first that does not fit:
-   it preempts, then the rest go in the next call), and each admission in one more.
-   That call also drains the events queued so far and reads the counters, and the
-   engine counts the blocks it was given, so only a step that finished, preempted or
-   aborted a request needs `KvClient.finish_step`: the frees, then the rest of the
-   events and the usage. The step's events go out as
-   one `KVEventBatch` to the sink, if any. The queue head's admission cost rides on
-   the call before it is needed (an allocation's probe, or `finish_step`'s), so
-   `prefill_cost` needs a call of its own only after an abort. A request is told to the
-   manager by its first admission call (`KvClient.admit`: registered, its cost asked,
-   vLLM's admission check made and its first allocation, in one call), not when it
+   token. A step's KV work is one call (`KvClient.schedule`): the running requests
+   that need blocks (or fill one), in order, then, if they all fit, vLLM's waiting loop
+   run by the manager over the queue's first requests (registered when the loop
+   reaches them, their costs asked, the admission check made, their first
+   allocations); a queue whose requests all get in is handed over in further calls,
+   twice as many each time. A slot that does not fit stops the call: the step preempts
+   and its other allocations go in later calls (`KvClient.allocate_steps`), and it
+   admits nobody. The call also drains the events queued so far and reads the
+   counters, and the engine counts the blocks it was given, so only a step that
+   finished, preempted or aborted a request needs `KvClient.finish_step`: the frees,
+   then the rest of the events and the usage. The step's events go out as one
+   `KVEventBatch` to the sink, if any. The queue head's cost comes back with the call
+   that last changed the cache (the schedule's, an allocation's probe, or
+   `finish_step`'s), so `prefill_cost` needs a call of its own only after an abort. A
+   request reaches the manager with the first step that asks about it, not when it
    queues: an arrival costs no call of its own.
 
 *Same-step visibility* (vLLM v1's ``KVCacheManager.allocate_slots``, which Dynamo's
