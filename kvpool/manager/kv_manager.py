@@ -438,12 +438,7 @@ class KvManager:
                 )
             waiting.append((rid, registered, tokens))
         active = pool.num_active()
-        allocations: list[Allocation] = []
-        for state, num_tokens, appended, needed in checked:
-            allocation = self._grow(state, num_tokens, needed, appended, True)
-            if allocation is None:
-                break
-            allocations.append(allocation)
+        allocations = self._grow_step(checked)
         costs: list[PrefillCost] = []
         asked = None
         if len(allocations) == len(checked):
@@ -552,12 +547,7 @@ class KvManager:
         known = None if watched is None else self.prefill_cost(probe)
         for index, step in enumerate(checked):
             marks = self._cost_marks() if known is not None else _NO_MARKS
-            allocations: list[Allocation] = []
-            for state, num_tokens, appended, needed in step:
-                allocation = self._grow(state, num_tokens, needed, appended, True)
-                if allocation is None:
-                    break
-                allocations.append(allocation)
+            allocations = self._grow_step(step)
             stopped = len(allocations) < len(step)
             cost = None
             if probe is not None and (stopped or index == last or watched is not None):
@@ -1159,6 +1149,19 @@ class KvManager:
                 earlier[request_id] = before + len(appended)
             checked.append((state, count, appended, needed))
         return checked
+
+    def _grow_step(
+        self, checked: list[tuple[RequestState, int, array[int] | TokenRuns | range | None, int]]
+    ) -> list[Allocation]:
+        """A step's slots, checked (`_check_step`), allocated and cached in order while
+        they fit: their allocations (fewer than the slots: the next did not fit)."""
+        allocations: list[Allocation] = []
+        for state, num_tokens, appended, needed in checked:
+            allocation = self._grow(state, num_tokens, needed, appended, True)
+            if allocation is None:
+                break
+            allocations.append(allocation)
+        return allocations
 
     def _check_allocation(
         self, request_id: object, num_tokens: object, new_tokens: Sequence[int], earlier: int = 0
