@@ -1,8 +1,7 @@
-"""vLLM 0.33's admission check of one queued request, in plain ints: what
-`kvpool.manager.types.AdmissionGate.admit` computes, here for the compiled callers (the
-manager's waiting loop, `KvManager.schedule`, and the engine's own checks), which keep
-the gate's fields in locals as the loop moves on. setup.py compiles this module with
-mypyc.
+"""vLLM 0.33's admission check of one queued request, in plain ints: the check the
+manager's waiting loop (`KvManager.schedule`) makes with an `AdmissionGate`'s inputs,
+kept in locals as the loop moves on, and the engine makes itself when it knows the
+head's cost. setup.py compiles this module with mypyc.
 """
 
 from __future__ import annotations

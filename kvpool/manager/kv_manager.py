@@ -355,12 +355,13 @@ class KvManager:
         ``queue`` (`QueuedRequest` s, in order): while ``gate`` is open (budget and a
         seat left), a request is registered if it comes with its prompt (as
         `add_request`), its `prefill_cost` asked, and, if the gate lets it in at that
-        cost (`AdmissionGate.admit`), its first allocation made as ``SlotRequest(id,
-        cached + new)`` would make it; the gate then moves on (`AdmissionGate.after`,
-        its headroom less the blocks the pool's active count grew by). The loop stops at
-        the first request refused (by the gate, or blocks that do not fit), which stays
-        registered, waiting; requests after it are not touched. The headroom is the
-        gate's less what the slots took.
+        cost (`kvpool.manager.admission.admit_blocks`), its first allocation made as
+        ``SlotRequest(id, cached + new)`` would make it; the gate then moves on (its
+        budget less the request's new tokens, its headroom less the blocks the pool's
+        active count grew by, one more request running, one seat fewer). The loop stops at the first
+        request refused (by the gate, or blocks that do not fit), which stays
+        registered, waiting; requests after it are not touched. The headroom the loop
+        starts from is the gate's less what the slots took.
 
         The outcome (`StepSchedule`) holds the step's allocations (slots', then
         admissions'), the events drained, the counters, each admitted request's cost,

@@ -8,7 +8,6 @@ from typing import cast
 import msgspec
 
 from kvpool.events import KVEvent
-from kvpool.manager.admission import admit_blocks
 from kvpool.manager.run_slots import gather, spell_out
 from kvpool.messages.values import PoolUsage
 from kvpool.pool import BlockId
@@ -65,8 +64,10 @@ class PrefillCost(msgspec.Struct, frozen=True, gc=False):
 class AdmissionGate(msgspec.Struct, frozen=True, gc=False):
     """What a step lets its queued requests take: the inputs of vLLM 0.33's admission
     loop (``Scheduler.schedule``'s waiting queue, ``KVCacheManager.allocate_slots`` with
-    ``full_sequence_must_fit``), which `KvManager.schedule` runs; a scheduler that knows
-    the queue head's cost asks `admit` itself first.
+    ``full_sequence_must_fit``), which `KvManager.schedule` runs, checking each request
+    with `kvpool.manager.admission.admit_blocks` (the watermark taken off the headroom
+    while some request runs); a scheduler that knows the queue head's cost checks it
+    there itself first.
 
     ``budget``: tokens left in the step's budget (``max_num_batched_tokens`` less what
     is scheduled). ``headroom``: blocks the next admission may take from what is free or
@@ -87,25 +88,6 @@ class AdmissionGate(msgspec.Struct, frozen=True, gc=False):
     seats: int = 1
     chunked: bool = True
     full_sequence: bool = True
-
-    def admit(
-        self, cost: PrefillCost, num_tokens: int, block_size: int
-    ) -> tuple[int, int, int, int] | None:
-        """What admitting a request of ``num_tokens`` tokens at ``cost`` takes now, budget
-        and a seat left (else None): `kvpool.manager.admission.admit_blocks`, the
-        watermark taken off the headroom while some request runs."""
-        if self.budget <= 0 or self.seats <= 0:
-            return None
-        return admit_blocks(
-            cost.cached_blocks,
-            cost.active_cached_blocks,
-            num_tokens,
-            block_size,
-            self.budget,
-            self.headroom - self.watermark if self.running else self.headroom,
-            self.chunked,
-            self.full_sequence,
-        )
 
 
 class QueuedRequest(msgspec.Struct, frozen=True, gc=False):
