@@ -325,12 +325,13 @@ class MockEngine:
                 if request.request_id == request_id:
                     del queue[index]
                     self._ids.discard(request_id)
-                    self.stats.aborted += 1
-                    if not request.registered:
-                        return True  # the manager never heard of it
+                    if not request.registered:  # the manager never heard of it
+                        self.stats.aborted += 1
+                        return True
                     self._dirty = True
                     self._head_cost = None
                     await self.kv.free(request_id)
+                    self.stats.aborted += 1
                     if self._num_active >= 0:  # keep the admission check's count exact
                         self._num_active = (await self.kv.usage()).num_active
                     return True
@@ -738,11 +739,14 @@ class MockEngine:
                 schedule = await self.kv.schedule(slots, queue, self._gate(left))
                 self._took(None, schedule.step)
                 allocations = schedule.step.allocations[: len(slots)]
-            elif caching and waiting and len(running) < config.max_num_seqs:
-                if waiting[0].registered:
-                    probe = waiting[0].request_id
-                allocations = (await self._allocate(slots, probe)).allocations
             else:
+                if (
+                    caching
+                    and waiting
+                    and waiting[0].registered
+                    and len(running) < config.max_num_seqs
+                ):
+                    probe = waiting[0].request_id
                 allocations = (await self._allocate(slots, probe)).allocations
             for (index, target), allocation in zip(plan, allocations, strict=False):
                 # the requests between two allocations need no call
@@ -985,12 +989,9 @@ class MockEngine:
         """What admitting the waiting ``request`` within ``budget`` tokens at ``cost``
         (None without prefix caching) would take now: (cached tokens, new tokens, fresh
         blocks, inactive cached blocks it pins); None if it must wait. vLLM's check
-        (`kvpool.manager.admission.admit_blocks`) of `_gate`'s inputs: what is free or
-        evictable less ``growing`` blocks, less the watermark while some request runs."""
+        (`kvpool.manager.admission.admit_blocks`) of `_gate`'s inputs, read here without
+        building one."""
         config = self.config
-        headroom = config.num_gpu_blocks - self._num_active - growing
-        if self.running:
-            headroom -= config.watermark_blocks
         cached_blocks = active_cached_blocks = 0
         if cost is not None:
             cached_blocks = cost.cached_blocks
@@ -1001,7 +1002,9 @@ class MockEngine:
             request.num_tokens,
             config.block_size,
             budget,
-            headroom,
+            config.num_gpu_blocks - self._num_active - growing,
+            config.watermark_blocks,
+            len(self.running),
             config.enable_chunked_prefill,
             config.scheduler_reserve_full_isl,
         )

@@ -461,7 +461,9 @@ class KvManager:
                     state.num_tokens,
                     bs,
                     budget,
-                    headroom - watermark if running else headroom,
+                    headroom,
+                    watermark,
+                    running,
                     chunked,
                     full_sequence,
                 )

@@ -287,7 +287,6 @@ def decode(data: bytes) -> ManagerMessage:
 
 __all__ = [
     "AddRequest",
-    "ScheduleStep",
     "AllocateRun",
     "AllocateSlots",
     "AllocateSteps",
@@ -311,6 +310,7 @@ __all__ = [
     "PreemptRequest",
     "PrefillCostReply",
     "RunFinished",
+    "ScheduleStep",
     "StepsReply",
     "StretchFinished",
     "TakeBatch",

@@ -65,9 +65,8 @@ class AdmissionGate(msgspec.Struct, frozen=True, gc=False):
     """What a step lets its queued requests take: the inputs of vLLM 0.33's admission
     loop (``Scheduler.schedule``'s waiting queue, ``KVCacheManager.allocate_slots`` with
     ``full_sequence_must_fit``), which `KvManager.schedule` runs, checking each request
-    with `kvpool.manager.admission.admit_blocks` (the watermark taken off the headroom
-    while some request runs); a scheduler that knows the queue head's cost checks it
-    there itself first.
+    with `kvpool.manager.admission.admit_blocks`; a scheduler that knows the queue
+    head's cost checks it there itself first.
 
     ``budget``: tokens left in the step's budget (``max_num_batched_tokens`` less what
     is scheduled). ``headroom``: blocks the next admission may take from what is free or

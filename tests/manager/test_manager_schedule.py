@@ -71,14 +71,15 @@ def plain_schedule(
             cost = manager.add_request(rid, queued.prompt_token_ids)
         else:
             cost = manager.prefill_cost(rid)
-        room = headroom - gate.watermark if running else headroom
         admission = admit_blocks(
             cost.cached_blocks,
             cost.active_cached_blocks,
             manager.num_tokens(rid),
             BS,
             budget,
-            room,
+            headroom,
+            gate.watermark,
+            running,
             gate.chunked,
             gate.full_sequence,
         )
