@@ -103,7 +103,7 @@ def add_simulate_command(
         metavar="FILE",
         help="Mooncake trace (JSON lines: timestamp ms, input_length, output_length, "
         "hash_ids) to replay instead of the embedded default workload; gzip is read, "
-        "'-' reads standard input; validated whole before the run, then streamed",
+        "'-' reads standard input; read and validated whole before the run",
     )
     work.add_argument(
         "--trace-block-size",
@@ -293,7 +293,7 @@ def _simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.trace:
         if args.trace == "-" and sys.stdin.isatty():  # a forgotten pipe would look hung
             print("kvpool simulate: reading the trace from stdin (Ctrl-D ends it)", file=sys.stderr)
-        try:  # validated whole, streamed later; a TraceWarning is one line on stderr
+        try:  # read and validated whole; a TraceWarning is one line on stderr
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", TraceWarning)
                 trace = MooncakeTrace(args.trace, trace_block_size=args.trace_block_size)

@@ -12,9 +12,8 @@ that no event batch is published before its time.
 
 Dispatch: ``least-loaded`` (default), ``round-robin`` or a `kvpool.routing.DispatchPolicy`
 (Dynamo's KV router, llm-d's scheduler, a user's), run through `kvpool.engine.dispatch`.
-Requests are pulled from their iterable one at a time, so a streamed trace is never held
-whole. setup.py compiles this module with mypyc (the loop's source and hook run at every
-turn).
+Requests are pulled from their iterable one at a time, as the clock reaches them.
+setup.py compiles this module with mypyc (the loop's source and hook run at every turn).
 """
 
 from __future__ import annotations

@@ -17,19 +17,18 @@ equal stamps). Absurd values are bad lines too: a timestamp beyond `MAX_TIMESTAM
 beyond `MAX_TRACE_TOKENS` (a request merely larger than an engine's pool is not: the
 engine rejects it and the report counts it).
 
-`MooncakeTrace` streams: it validates the file in one pass (keeping a count, and until a
-hash id is found at two sizes one entry per distinct id) and reads it again, line by
-line, each time it is iterated.
+`MooncakeTrace` reads the file once: the pass that validates it builds every request,
+and the trace holds them (about 400 bytes a request), rather than parsing each line
+again when a run iterates it (which cost a run on the multi-turn benchmark trace 6-9%
+of its time).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager
 from functools import lru_cache
 from pathlib import Path
-from typing import IO
 
 import msgspec
 
@@ -38,7 +37,7 @@ from kvpool.workloads.spec import RequestSpec, Segment, mix_seed
 from kvpool.workloads.trace_rows import MAX_TIMESTAMP_MS as MAX_TIMESTAMP_MS
 from kvpool.workloads.trace_rows import MAX_TRACE_TOKENS as MAX_TRACE_TOKENS
 from kvpool.workloads.trace_rows import line_request
-from kvpool.workloads.trace_source import STDIN, open_lines, source_name, spool_stdin
+from kvpool.workloads.trace_source import open_lines, source_name
 
 MOONCAKE_BLOCK_SIZE = 512
 """Tokens per hash id in the published Mooncake traces."""
@@ -119,13 +118,25 @@ def parse_mooncake_lines(
 ) -> list[RequestSpec]:
     """Validate Mooncake lines (blank lines are skipped) and return their requests;
     warn (`TraceWarning`) if a hash id stands for blocks of two sizes."""
+    return _parse(lines, source, trace_block_size)[0]
+
+
+def _parse(
+    lines: Iterable[bytes | str], source: str, trace_block_size: int
+) -> tuple[list[RequestSpec], bool]:
+    """`parse_mooncake_lines`' requests (stably sorted by timestamp), and whether the
+    lines had them in that order already."""
     sizes = _BlockSizes(trace_block_size)
     requests = list(_iter_checked(lines, source, trace_block_size, sizes))
     if not requests:
         raise TraceError("the trace holds no request", source=source)
     sizes.warn(source)
-    requests.sort(key=lambda request: request.arrival_s)
-    return requests
+    in_order = all(
+        requests[i - 1].arrival_s <= requests[i].arrival_s for i in range(1, len(requests))
+    )
+    if not in_order:
+        requests.sort(key=lambda request: request.arrival_s)
+    return requests, in_order
 
 
 def iter_mooncake_lines(
@@ -155,49 +166,29 @@ def _iter_checked(
 
 
 class MooncakeTrace:
-    """A Mooncake trace file, validated up front and streamed each time it is iterated.
+    """A Mooncake trace file, read and validated whole at construction, its requests held.
 
-    Construction reads the whole trace once (``path`` ``-``: standard input, spooled to a
-    temporary file) and raises `TraceError` at the first bad line, so a run that starts
-    never meets one (and warns, `TraceWarning`, if a hash id stands for two block
-    sizes); it keeps the request count (``len``) and whether the timestamps are
-    in order. Iteration reads the file again, yielding requests in timestamp order: as
-    they come when the file is in order (the common case: nothing is held), else the
-    trace is held and stably sorted, as `read_mooncake_trace` does. Close it (or use it
-    as a context manager) to drop the stdin spool.
+    Construction reads the trace once (``path`` ``-``: standard input) and raises
+    `TraceError` at the first bad line, so a run that starts never meets one (and warns,
+    `TraceWarning`, if a hash id stands for two block sizes). The requests that pass
+    builds are kept, in timestamp order (stably sorted when the file is not in order),
+    and each iteration yields them again; ``len`` is their count. Close it (or use it as
+    a context manager) to drop them.
     """
 
     def __init__(self, path: str | Path, *, trace_block_size: int = MOONCAKE_BLOCK_SIZE) -> None:
         self.path = path
         self.source = source_name(path)
         self.trace_block_size = trace_block_size
-        self._spool: IO[bytes] | None = None
-        if str(path) == STDIN:
-            try:
-                self._spool = spool_stdin()
-            except OSError as exc:
-                raise TraceError(
-                    f"cannot read the trace: {exc.strerror or exc}", source=self.source
-                ) from exc
-        try:
-            self._count, self._in_order = self._scan()
-        except BaseException:
-            self.close()
-            raise
+        with open_lines(path) as lines:
+            self._requests, self._in_order = _parse(lines, self.source, trace_block_size)
+        self._count = len(self._requests)
 
     def __len__(self) -> int:
         return self._count
 
     def __iter__(self) -> Iterator[RequestSpec]:
-        if not self._in_order:
-            with self._lines() as lines:
-                held = parse_mooncake_lines(
-                    lines, source=self.source, trace_block_size=self.trace_block_size
-                )
-            yield from held
-            return
-        with self._lines() as lines:  # iter_mooncake_lines', one generator fewer a request
-            yield from _iter_checked(lines, self.source, self.trace_block_size, None)
+        return iter(self._requests)
 
     def __enter__(self) -> MooncakeTrace:
         return self
@@ -207,35 +198,12 @@ class MooncakeTrace:
 
     @property
     def in_order(self) -> bool:
-        """True when the file's timestamps never go backwards (then nothing is held)."""
+        """True when the file's timestamps never go backwards (it needed no sort)."""
         return self._in_order
 
     def close(self) -> None:
-        """Drop the standard-input spool, if any."""
-        if self._spool is not None:
-            self._spool.close()
-            self._spool = None
-
-    def _lines(self) -> AbstractContextManager[Iterator[bytes]]:
-        if self._spool is not None:
-            self._spool.seek(0)
-            return open_lines(self._spool)
-        return open_lines(self.path)
-
-    def _scan(self) -> tuple[int, bool]:
-        count = 0
-        in_order = True
-        last = 0.0
-        sizes = _BlockSizes(self.trace_block_size)
-        with self._lines() as lines:
-            for request in _iter_checked(lines, self.source, self.trace_block_size, sizes):
-                count += 1
-                in_order = in_order and request.arrival_s >= last
-                last = request.arrival_s
-        if not count:
-            raise TraceError("the trace holds no request", source=self.source)
-        sizes.warn(self.source)
-        return count, in_order
+        """Drop the held requests (iterating yields nothing after)."""
+        self._requests = []
 
 
 def _decode(line: bytes | str, source: str, number: int) -> MooncakeRecord:

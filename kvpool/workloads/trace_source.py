@@ -1,16 +1,13 @@
 """Where a trace's lines come from: a file, a gzip file, or standard input (``-``).
 
-Lines are read one at a time, so a trace is never held whole. A gzip file is known by
-its magic bytes, whatever its name. Standard input can be read only once, so
-`spool_stdin` copies it to an anonymous temporary file that can be read again.
+Lines are read one at a time (what the caller keeps of them is its own choice). A gzip
+file is known by its magic bytes, whatever its name.
 """
 
 from __future__ import annotations
 
 import gzip
-import io
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,23 +38,6 @@ def open_lines(path: str | Path | IO[bytes]) -> Iterator[Iterator[bytes]]:
         raise TraceError(f"cannot read the trace: {exc.strerror or exc}", source=source) from exc
     except EOFError as exc:  # a truncated gzip stream
         raise TraceError(f"cannot read the trace: {exc}", source=source) from exc
-
-
-def spool_stdin() -> IO[bytes]:
-    """Copy standard input to a temporary file (deleted when closed), rewound."""
-    spool = tempfile.TemporaryFile()  # noqa: SIM115 (returned open; the caller closes it)
-    try:
-        stdin = sys.stdin.buffer
-        # read1: one read per call, so the first end of file ends the copy (a terminal's
-        # Ctrl-D is not sticky: a buffered read(n) would wait for a second one)
-        read = stdin.read1 if isinstance(stdin, io.BufferedIOBase) else stdin.read
-        while chunk := read(1 << 20):
-            spool.write(chunk)
-        spool.seek(0)
-    except BaseException:
-        spool.close()
-        raise
-    return spool
 
 
 @contextmanager

@@ -316,7 +316,7 @@ def test_a_trace_error_is_a_kvpool_error_and_not_a_refused_pool_call() -> None:
     assert str(caught.value).splitlines() == [str(caught.value)]  # one line
 
 
-# ------------------------------------------------------------------ streamed traces
+# ------------------------------------------------------------------ held traces
 
 
 def write_trace(path: Path, lines: list[str]) -> Path:
@@ -324,19 +324,21 @@ def write_trace(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def test_a_trace_is_validated_up_front_then_streamed(tmp_path: Path) -> None:
+def test_a_trace_is_read_once_and_held(tmp_path: Path) -> None:
     trace_path = write_trace(tmp_path / "t.jsonl", [record(timestamp=t) for t in (1, 2, 3)])
     trace = MooncakeTrace(trace_path)
     assert len(trace) == 3
     assert trace.in_order
-    # streamed: the file is read as the requests are taken, so a line appended after
-    # validation is met only when iteration reaches it
+    # held: the file is not read again, so a line appended (or the file removed) after
+    # construction changes nothing
     with trace_path.open("a") as file:
         file.write("{broken\n")
-    requests = iter(trace)
-    assert [next(requests).arrival_s for _ in range(3)] == [0.001, 0.002, 0.003]
-    with pytest.raises(TraceError, match=r"t.jsonl:4: not a JSON object"):
-        next(requests)
+    first = list(trace)
+    trace_path.unlink()
+    assert [request.arrival_s for request in first] == [0.001, 0.002, 0.003]
+    assert list(trace) == first
+    trace.close()  # drops them
+    assert list(trace) == []
 
 
 def test_a_trace_can_be_iterated_again(tmp_path: Path) -> None:
@@ -374,7 +376,7 @@ def test_a_gzip_trace_is_read_whatever_its_name(tmp_path: Path) -> None:
         MooncakeTrace(broken)
 
 
-def test_dash_reads_standard_input_once_and_streams_it_again(
+def test_dash_reads_standard_input_once_and_yields_it_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     stdin = io.TextIOWrapper(io.BytesIO(SAMPLE_TRACE.read_bytes()))
