@@ -63,7 +63,11 @@ class KvManager:
         new_tokens: Sequence[int] = (),
     ) -> Allocation | None: ...
     def schedule(
-        self, slots: Sequence[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+        self,
+        slots: Sequence[SlotRequest],
+        queue: list[QueuedRequest],
+        gate: AdmissionGate,
+        run: DecodeRun | None = None,
     ) -> StepSchedule: ...
     def allocate_step(
         self, slots: Sequence[SlotRequest], probe: str | None = None

@@ -155,10 +155,15 @@ class ManagerClient:
         return reply.cost
 
     async def schedule(
-        self, slots: list[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+        self,
+        slots: list[SlotRequest],
+        queue: list[QueuedRequest],
+        gate: AdmissionGate,
+        run: DecodeRun | None = None,
     ) -> StepSchedule:
-        """`KvManager.schedule`: a step's running slots and its admissions in one call."""
-        reply: StepSchedule = await self._call(messages.ScheduleStep(slots, queue, gate))
+        """`KvManager.schedule`: a carried decode run, a step's running slots and its
+        admissions in one call."""
+        reply: StepSchedule = await self._call(messages.ScheduleStep(slots, queue, gate, run))
         return reply
 
     async def allocate(

@@ -349,7 +349,9 @@ class KvManager:
             raise InvalidArgumentError(f"cache must be a bool, got {cache!r}")
         return self._grow(state, count, needed, appended, cache)
 
-    def schedule(self, slots: object, queue: object, gate: object) -> StepSchedule:
+    def schedule(
+        self, slots: object, queue: object, gate: object, run: object = None
+    ) -> StepSchedule:
         """A step's scheduling in one call: the running requests' ``slots``, as
         `allocate_steps` of one step, then, if they all fit, vLLM's waiting loop over
         ``queue`` (`QueuedRequest` s, in order): while ``gate`` is open (budget and a
@@ -370,7 +372,15 @@ class KvManager:
         question, answered in the same call. A step's KV work thus costs one call, and a
         request's arrival none: it reaches the manager with the first step that asks.
 
-        Checked before anything changes: the slots as `allocate_steps` checks them; each
+        With ``run`` (a `DecodeRun`), `allocate_run` of it (no probe) comes first, in
+        the same call, and its result is the outcome's ``run``: the decode steps an
+        engine jumped over up to this step ride on the step's call (`MockEngine`'s
+        carried jump), so a jump to an arrival costs no call of its own.
+
+        Checked before anything changes: the run as `allocate_run` checks it, and that
+        it fits whole (its growths within the free and evictable blocks); the slots
+        as `allocate_steps` checks them (a request's new tokens in the run counted as
+        heard before them); each
         queued request registered (no prompt; holding no block: a queued request is new
         or preempted) or new (a prompt: as `add_request` checks it), named once and not
         among the slots, and its whole prompt within the pool (`CapacityError`: it
@@ -403,8 +413,22 @@ class KvManager:
         seats: int = raw.seats
         chunked: bool = raw.chunked
         full_sequence: bool = raw.full_sequence
+        ran: tuple[list[RequestState], list[array[int] | range], DecodeRun] | None = None
+        heard: dict[str, int] = {}
+        if run is not None:
+            run_states, run_tokens, growth = self._check_run(run)
+            free = self._pool.capacity - self._pool.num_active()
+            if growth > free:
+                raise InvalidArgumentError(
+                    f"a carried run must fit whole: it grows tables by {growth} blocks, "
+                    f"{free} are free or evictable"
+                )
+            checked_run = cast(DecodeRun, run)
+            ran = (run_states, run_tokens, checked_run)
+            for i in range(len(run_tokens)):  # all heard: every slot fits
+                heard[checked_run.request_ids[i]] = len(run_tokens[i])
         running_slots = cast("Sequence[SlotRequest]", slots)
-        checked = self._check_step(running_slots, {})
+        checked = self._check_step(running_slots, heard)
         if type(queue) is not list:
             raise InvalidArgumentError(f"queue must be a list of QueuedRequest, got {queue!r:.200}")
         bs = self._block_size
@@ -438,6 +462,7 @@ class KvManager:
                     f"request {rid!r} needs {blocks} blocks; the pool holds {pool.capacity}"
                 )
             waiting.append((rid, registered, tokens))
+        run_result = None if ran is None else self._run_checked(*ran, None, -1, None)
         active = pool.num_active()
         allocations = self._grow_step(checked)
         costs: list[PrefillCost] = []
@@ -483,7 +508,9 @@ class KvManager:
                 running += 1
                 seats -= 1
         return StepSchedule(
-            StepAllocations(allocations, self.take_events(), self.stats(), asked), costs
+            StepAllocations(allocations, self.take_events(), self.stats(), asked),
+            costs,
+            run_result,
         )
 
     def allocate_step(self, slots: Sequence[SlotRequest], probe: object = None) -> StepAllocations:
@@ -715,9 +742,22 @@ class KvManager:
         `InvalidArgumentError` (or `TokenCountError`, `CapacityError`,
         `UnknownRequestError`) before anything changes.
         """
-        states, tokens = self._check_run(run)
-        checked = cast(DecodeRun, run)
+        states, tokens, _ = self._check_run(run)
         probe_member = self._probe_member(probe, stop_if_cost_changes, states)
+        return self._run_checked(
+            states, tokens, cast(DecodeRun, run), probe, probe_member, stop_if_cost_changes
+        )
+
+    def _run_checked(
+        self,
+        states: list[RequestState],
+        tokens: list[array[int] | range],
+        checked: DecodeRun,
+        probe: object,
+        probe_member: int,
+        stop_if_cost_changes: PrefillCost | None,
+    ) -> RunAllocations:
+        """`allocate_run` of a run already checked (`_check_run`, `_probe_member`)."""
         extended = False
         if probe is None and not self._record_events:
             at_once = self._run_at_once(states, tokens, checked)
@@ -740,9 +780,11 @@ class KvManager:
         self._apply_updates(updates)
         return allocations, self._step_outcome(None)
 
-    def _check_run(self, run: object) -> tuple[list[RequestState], list[array[int] | range]]:
+    def _check_run(self, run: object) -> tuple[list[RequestState], list[array[int] | range], int]:
         """`allocate_run`'s checks of its run, before anything changes: the requests'
-        states and new tokens (`_decoding`)."""
+        states and new tokens (`_decoding`), and the blocks its tables grow by if every
+        slot fits (each growth takes a fresh block, so they all fit exactly when these
+        do: `schedule` requires it of a run it carries)."""
         if type(run) is not DecodeRun:
             raise InvalidArgumentError(f"expected a DecodeRun, got {run!r:.200}")
         raw: Any = run  # read untyped until checked, as `allocate_stretch` does
@@ -775,6 +817,7 @@ class KvManager:
         states, tokens = self._decoding(unchecked_ids, run.new_tokens)
         bs = self._block_size
         most = self._pool.capacity * bs  # the most tokens a table of the whole pool holds
+        growth = 0
         for i in range(n):
             target = unchecked_targets[i]
             grow = unchecked_grows[i]
@@ -816,7 +859,8 @@ class KvManager:
                     f"request {unchecked_ids[i]!r} needs {-(-top // bs)} blocks; "
                     f"the pool holds {self._pool.capacity}"
                 )
-        return states, tokens
+            growth += max(0, -(-top // bs) - states[i].num_blocks)
+        return states, tokens, growth
 
     def _run_at_once(
         self, states: list[RequestState], tokens: list[array[int] | range], run: DecodeRun

@@ -45,12 +45,14 @@ class AddRequest(msgspec.Struct, frozen=True, gc=False, tag=True):
 
 
 class ScheduleStep(msgspec.Struct, frozen=True, gc=False, tag=True):
-    """``KvManager.schedule``: a step's running slots, then its admissions from
-    ``queue`` while ``gate`` lets them in, in one call; the reply is a `StepSchedule`."""
+    """``KvManager.schedule``: the decode ``run`` jumped over before the step, if any,
+    then a step's running slots, then its admissions from ``queue`` while ``gate`` lets
+    them in, in one call; the reply is a `StepSchedule`."""
 
     slots: list[SlotRequest]
     queue: list[QueuedRequest]
     gate: AdmissionGate
+    run: DecodeRun | None = None
 
 
 class AppendTokens(msgspec.Struct, frozen=True, gc=False, tag=True):

@@ -22,7 +22,8 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `ScheduleStep` hands blocks and events out (and may register requests): each
   allocation undone as `AllocateSlots`'s, last first, the requests it registered
-  forgotten again, then its events put back ahead of newer ones.
+  forgotten again, then the run it carried (if any) undone as `AllocateRun`'s, and the
+  events put back ahead of newer ones.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
   their caller left; an unread `FinishStep` reply's events are put back.
 - `FinishStretch` gives blocks back too (its frees run even if its caller left) and
@@ -140,9 +141,11 @@ class ManagerState:
         manager.restore_events([event for step in reply.steps for event in step.events])
 
     def schedule(self, message: ScheduleStep) -> StepSchedule:
-        return self.manager.schedule(message.slots, message.queue, message.gate)
+        return self.manager.schedule(message.slots, message.queue, message.gate, message.run)
 
     def undo_schedule(self, message: ScheduleStep, reply: StepSchedule) -> None:
+        """The step's allocations last first, its registrations, then the carried run's
+        (`_undo_run`), the events put back in the order they were drained."""
         manager = self.manager
         allocations = reply.step.allocations
         fit = len(allocations) - len(reply.costs)  # the slots' allocations come first
@@ -153,7 +156,10 @@ class ManagerState:
         for queued in message.queue:
             if queued.prompt_token_ids is not None:
                 self._forget(queued.request_id)
-        manager.restore_events(reply.step.events)
+        if message.run is not None and reply.run is not None:
+            self._undo_run(message.run, reply.run, reply.step.events)
+        else:
+            manager.restore_events(reply.step.events)
 
     def allocate_stretch(self, message: AllocateStretch) -> StretchAllocations:
         return self.manager.allocate_stretch(

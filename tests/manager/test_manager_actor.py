@@ -534,6 +534,36 @@ def test_undoing_an_unread_schedule_gives_back_its_blocks_and_its_events() -> No
     manager.check_invariants()
 
 
+def test_undoing_an_unread_schedule_undoes_the_run_it_carried_too() -> None:
+    """A `ScheduleStep` carrying a run, whose caller never read the reply: the step's
+    admission goes back and is forgotten, then the run's growth, and every event either
+    drained (the run's first, then the step's) is queued again in that order."""
+    handlers, manager = _handlers()
+    manager.add_request("a", list(range(3)))
+    assert manager.allocate("a", 3, cache=True) is not None
+    manager.take_events()
+    before = manager.pool.num_active()
+    # a's first block fills at step 0 (Stored), its table grows at step 1
+    message = ScheduleStep(
+        [],
+        [QueuedRequest("new", list(range(20, 29)))],
+        AdmissionGate(16, 8, seats=2),
+        DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2),
+    )
+    reply = handlers.schedule(message)
+    assert reply.run is not None
+    assert [len(allocation.block_ids) for allocation in reply.run.allocations] == [1]
+    assert [a.num_blocks for a in reply.step.allocations] == [3]
+    handlers.undo_schedule(message, reply)
+    assert "new" not in manager
+    assert manager.num_blocks("a") == 1
+    assert manager.pool.num_active() == before
+    drained = [event for _, events in reply.run.events for event in events]
+    assert drained
+    assert manager.take_events() == drained + reply.step.events
+    manager.check_invariants()
+
+
 def test_undoing_an_unread_drain_puts_the_events_back_in_order() -> None:
     handlers, manager = _handlers()
     manager.add_request("a", list(range(8)))

@@ -3,13 +3,17 @@ cost, admission check, first allocation), in one call, equal to the calls it sta
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_manager import BS, same_state, snapshot, twin_tables
+from test_manager import BS, evict_order, same_state, snapshot, twin_tables
+from test_manager_run import decoding, summary
 from test_manager_stretch import MODES
 
 from kvpool.errors import (
     CapacityError,
+    InvalidArgumentError,
+    TokenCountError,
 )
 from kvpool.manager import (
     AdmissionGate,
@@ -155,3 +159,54 @@ def test_schedule_is_the_calls_it_stands_for(data: st.DataObject, mode: str) -> 
     assert sorted(one) == sorted(two)
     assert same_state(one, two)
     event(f"{mode}: {len(costs)} admitted")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.sampled_from(sorted(MODES)))
+def test_a_carried_run_is_allocate_run_then_schedule(data: st.DataObject, mode: str) -> None:
+    """``schedule(..., run)`` on one twin, `allocate_run` of the run then `schedule` on
+    the other: the same run result, the same step, the same state after. A run that
+    does not fit whole, or a step whose slot asks for more tokens than the run leaves
+    its request, raises and changes nothing: the run is checked with the step, before
+    either is made."""
+    one, two, run, _ = decoding(data, **MODES[mode])
+    if not run.request_ids:
+        return
+    # a slot per chosen request of the run, up to the tokens the run leaves it with
+    chosen = data.draw(some(run.request_ids), label="slots")
+    over = data.draw(st.booleans(), label="one slot too many tokens") and bool(chosen)
+    slots = []
+    for k, name in enumerate(chosen):
+        held = two.num_tokens(name) + len(run.new_tokens[run.request_ids.index(name)])
+        slots.append(SlotRequest(name, held + (1 if over and k == 0 else 0)))
+    queue = [QueuedRequest("new", data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=9)))]
+    gate = data.draw(gates(one.pool.capacity - one.pool.num_active()), label="gate")
+    assert one.take_events() == two.take_events()
+    before = snapshot(one)
+    ran = two.allocate_run(run)
+    if ran.slots < len(run.stretch(BS).members):
+        with pytest.raises(InvalidArgumentError, match="fit whole"):
+            one.schedule(slots, queue, gate, run)
+        assert snapshot(one) == before
+        event(f"{mode}: a run that does not fit whole")
+        return
+    if over:
+        with pytest.raises(TokenCountError):
+            one.schedule(slots, queue, gate, run)
+        assert snapshot(one) == before
+        event(f"{mode}: a slot past its tokens")
+        return
+    got = one.schedule(slots, queue, gate, run)
+    expected = two.schedule(slots, queue, gate)
+    assert got.run is not None
+    assert summary(got.run) == summary(ran)
+    assert got.costs == expected.costs
+    assert got.step.cost == expected.step.cost
+    assert [len(a.block_ids) for a in got.step.allocations] == [
+        len(a.block_ids) for a in expected.step.allocations
+    ]
+    assert got.step.events == expected.step.events
+    assert got.step.stats == expected.step.stats
+    assert same_state(one, two)
+    assert evict_order(one) == evict_order(two)
+    event(f"{mode}: {len(got.costs)} admitted")
