@@ -45,7 +45,9 @@ Each `MockEngine.step` is one forward pass of the modelled GPU:
    that last changed the cache (the schedule's, an allocation's probe, or
    `finish_step`'s), so `prefill_cost` needs a call of its own only after an abort. A
    request reaches the manager with the first step that asks about it, not when it
-   queues: an arrival costs no call of its own.
+   queues: an arrival costs no call of its own. A jump that only allocates, taken by
+   `EngineLoop` (``carry``), rides on the next step's call too: a jump to an arrival
+   costs no call of its own either (`fast_forward`).
 
 *Same-step visibility* (vLLM v1's ``KVCacheManager.allocate_slots``, which Dynamo's
 mocker follows): when a request is scheduled, its full blocks through its computed plus
@@ -97,7 +99,7 @@ from mypy_extensions import mypyc_attr
 
 from kvpool.engine.admission import rejection_reason
 from kvpool.engine.config import EngineConfig
-from kvpool.engine.execution import apply_jump, apply_step
+from kvpool.engine.execution import apply_groups, apply_jump, apply_step
 from kvpool.engine.fast_forward import DecodeJump, decode_growth, decode_slot, plan_jump
 from kvpool.engine.kv_client import KvClient
 from kvpool.engine.metrics import EngineStats, close_batch, read_counters
@@ -110,6 +112,7 @@ from kvpool.events import EventSink, KVEvent, KVEventBatch
 from kvpool.manager import (
     AdmissionGate,
     Allocation,
+    DecodeRun,
     PoolUsage,
     PrefillCost,
     QueuedRequest,
@@ -236,6 +239,11 @@ class MockEngine:
         # only KV work is allocations, with nothing finished, needs no `finish_step`.
         self._dirty = True
         self._step_events: list[KVEvent] = []  # drained by this step's allocations
+        # A jump taken with ``carry`` whose allocations ride on the next KV call (a
+        # step's `KvClient.schedule`, or `settle` before any other): its plan and the
+        # active blocks before it. Its requests, clock and active count moved with the
+        # jump; its counters, batch counts and group samples move when it lands.
+        self._carried: tuple[DecodeJump, int] | None = None
         # The queue head's cost as the last KV call that changed the cache answered it
         # (a probe), or None: a jump that watches the head needs no query of its own.
         self._head_cost: tuple[str, PrefillCost] | None = None
@@ -330,6 +338,7 @@ class MockEngine:
                         return True
                     self._dirty = True
                     self._head_cost = None
+                    await self.settle()
                     await self.kv.free(request_id)
                     self.stats.aborted += 1
                     if self._num_active >= 0:  # keep the admission check's count exact
@@ -360,8 +369,10 @@ class MockEngine:
         self._admitted = {}
         self._step_events = []
         if self._num_active < 0:
+            await self.settle()
             self._num_active = (await self.kv.usage()).num_active
         scheduled = await self._schedule()
+        await self.settle()  # landed before the step executes, if its calls did not carry it
         if not scheduled:
             raise RuntimeError(f"the scheduler made no progress: {self!r}")
         if self._preempted:  # the running count overestimates after a preemption
@@ -416,7 +427,9 @@ class MockEngine:
             outputs=outputs,
         )
 
-    async def fast_forward(self, until: float = math.inf, *, cross_boundaries: bool = True) -> int:
+    async def fast_forward(
+        self, until: float = math.inf, *, cross_boundaries: bool = True, carry: bool = False
+    ) -> int:
         """Take at once the decode steps that start before ``until``; return how many
         (0: the next step is not one, or does not start before ``until``: `step`).
 
@@ -456,6 +469,15 @@ class MockEngine:
         requests, and each request's counts moved (its tokens reach the manager with
         the allocation that needs them, as after single steps). Stats, samples, records
         and event batches come out exactly as `step` would make them.
+
+        With ``carry``, a jump that makes a KV call only to allocate (it finishes nobody
+        and watches no head) and publishes nowhere (no sink) leaves that call to ride on
+        the engine's next one: the next step's `KvClient.schedule` carries it (a jump to
+        an arrival then costs no call of its own), and any other KV call the engine
+        makes sends it first (`settle`). Until then the manager has not heard of it and
+        the stats lack its counters, batch counts and usage samples after its first
+        step; everything the engine itself keeps (its requests, clock, active blocks)
+        has moved. `EngineLoop` passes it, and settles its engines when it stops.
         """
         running = self.running
         clock = self.clock
@@ -495,7 +517,8 @@ class MockEngine:
                 if self._admission(head, budget, cost, growing) is not None:
                     return 0  # the next step admits the head of the queue
             plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=True, finishing=finishing)
-            return self._jumped(await self._take_jump(plan, until, head, cost)) if plan.taken else 0
+            taken = await self._take_jump(plan, until, head, cost, carry) if plan.taken else 0
+            return self._jumped(taken) if taken else 0
         plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=False)
         if not plan.taken:
             return 0
@@ -505,7 +528,7 @@ class MockEngine:
                 return 0  # a step asks its cost, and admits it if it may, in one call
             if self._admission(head, budget, await self._cost_now(head)) is not None:
                 return 0  # the next step admits the head of the queue
-        return self._jumped(await self._take_jump(plan, until, None, None))
+        return self._jumped(await self._take_jump(plan, until, None, None, carry))
 
     def _jumped(self, steps: int) -> int:
         """Count a jump of ``steps`` steps; return ``steps``."""
@@ -519,13 +542,15 @@ class MockEngine:
         until: float,
         head: EngineRequest | None,
         cost: PrefillCost | None,
+        carry: bool = False,
     ) -> int:
         """Take the jump `fast_forward` planned: the ``plan``'s allocations (if it crosses
         block boundaries) in one `KvClient.allocate_run` call, then the jump applied.
         With a ``head`` waiting for blocks (its admission refused at ``cost``, None
         without prefix caching) the call stops after the first step that changes its
         cost (only prefix caching can), and that step is finished as `step` would finish
-        it, admissions included."""
+        it, admissions included. With ``carry`` (`fast_forward`'s), a jump that only
+        allocates leaves its call to the next one."""
         config = self.config
         running = self.running
         probe = None if cost is None or head is None else head.request_id
@@ -534,22 +559,18 @@ class MockEngine:
         result = None
         finish: StepOutcome | None = None
         tried = groups
+        await self.settle()
         if run is not None:
+            if carry and probe is None and not plan.finished and self.sink is None:
+                self._carried = (plan, self._num_active)
+                self._remember_cost(None, None)  # the cache changes with the run
+                self._apply_plan(plan)
+                return plan.taken
             if plan.finished:  # with the frees in the same call (no probe: nobody waits)
                 result, finish = await self.kv.finish_run(run, self._frees(plan))
             else:
                 result = await self.kv.allocate_run(run, probe, stop_if_cost_changes=cost)
-            tried = len(result.kv_events)
-            if not tried or result.slots != plan.step_ends[tried - 1]:
-                raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
-            grown = 0
-            for allocation in result.allocations:
-                grown += runs_length(allocation.block_runs)
-            if grown != plan.group_active[tried - 1] - self._num_active:
-                raise RuntimeError(
-                    f"planned {plan.group_active[tried - 1]} active blocks, "
-                    f"the pool has {self._num_active + grown}: {self!r}"
-                )
+            tried = self._check_run(plan, result, self._num_active)
             self._remember_cost(probe, result.cost)
         # The call stops after the first group that changed the head's cost; that group
         # may be the plan's last, so a full count of groups does not mean no change.
@@ -615,21 +636,72 @@ class MockEngine:
             finishing,
         )
 
+    def _check_run(self, plan: DecodeJump, result: RunAllocations, before: int) -> int:
+        """How many of ``plan``'s groups its allocations' ``result`` tried, once checked
+        against the plan: each group tried fit, and the blocks given are the plan's
+        growth from ``before`` active blocks."""
+        tried = len(result.kv_events)
+        if not tried or result.slots != plan.step_ends[tried - 1]:
+            raise RuntimeError(f"a decode step's allocations did not fit: {self!r}")
+        grown = 0
+        for allocation in result.allocations:
+            grown += runs_length(allocation.block_runs)
+        if grown != plan.group_active[tried - 1] - before:
+            raise RuntimeError(
+                f"planned {plan.group_active[tried - 1]} active blocks, "
+                f"the pool has {before + grown}: {self!r}"
+            )
+        return tried
+
+    async def settle(self) -> None:
+        """Send a carried jump's allocations on their own (`fast_forward`'s ``carry``),
+        if one waits: after it, the manager and the stats hold all the engine did.
+        Every KV call but a step's schedule (which carries them) makes it first."""
+        carried = self._carried
+        if carried is not None:
+            run = carried[0].run
+            assert run is not None  # only a jump with allocations is carried
+            self._land(await self.kv.allocate_run(run))
+
+    def _carried_run(self) -> DecodeRun | None:
+        """The carried jump's allocations, for the step's call to carry (None: none)."""
+        return None if self._carried is None else self._carried[0].run
+
+    def _land(self, result: RunAllocations | None) -> None:
+        """A carried jump's allocations came back (``result``, from the call that
+        carried them): check them against the plan and apply what they return
+        (`apply_groups`)."""
+        carried = self._carried
+        if carried is None:
+            return
+        plan, before = carried
+        if result is None:
+            raise RuntimeError(f"a carried jump came back without its allocations: {self!r}")
+        if self._check_run(plan, result, before) != len(plan.step_ends):
+            raise RuntimeError(f"a carried jump's allocations stopped short: {self!r}")
+        self._carried = None
+        self._apply_groups(plan, result)
+
     def _apply_jump(self, plan: DecodeJump, result: RunAllocations | None) -> list[KVEvent]:
-        """Apply a jump whose allocations returned ``result`` (`apply_jump`) and publish
-        each step's batch, stamped with that step's end; return a finishing jump's last
-        step's events, which `_finish_jump` batches."""
-        batches, held = apply_jump(
-            plan,
-            result,
-            self.running,
-            self.stats,
-            self._num_active,
-            self.config.num_gpu_blocks,
-            self.rank,
+        """Apply a jump whose allocations returned ``result``: `_apply_plan`, then
+        `_apply_groups`."""
+        self._apply_plan(plan)
+        return self._apply_groups(plan, result)
+
+    def _apply_plan(self, plan: DecodeJump) -> None:
+        """Move the requests, the stats, the clock and the active count by the jump
+        ``plan`` (`apply_jump`)."""
+        apply_jump(
+            plan, self.running, self.stats, self._num_active, self.config.num_gpu_blocks, self.rank
         )
         self.clock = plan.clock
         self._num_active = plan.active
+
+    def _apply_groups(self, plan: DecodeJump, result: RunAllocations | None) -> list[KVEvent]:
+        """Apply what the jump ``plan``'s allocations returned (`apply_groups`) and
+        publish each step's batch, stamped with that step's end; return a finishing
+        jump's last step's events, which `_finish_jump` batches."""
+        batches, held = apply_groups(plan, result, self.stats, self.config.num_gpu_blocks)
         sink = self.sink
         if sink is not None:
             for end, events in batches:
@@ -699,6 +771,7 @@ class MockEngine:
 
     async def final_usage(self) -> PoolUsage:
         """Check the pool's invariants and return its occupancy (0 active when idle)."""
+        await self.settle()
         await self.kv.check_invariants()
         return await self.kv.usage()
 
@@ -736,7 +809,10 @@ class MockEngine:
             # admissions ride on it, and the step's KV work is one call.
             queue = [] if preempted else self._queue(left, plan, 1)
             if queue:
-                schedule = await self.kv.schedule(slots, queue, self._gate(left))
+                schedule = await self.kv.schedule(
+                    slots, queue, self._gate(left), self._carried_run()
+                )
+                self._land(schedule.run)
                 self._took(None, schedule.step)
                 allocations = schedule.step.allocations[: len(slots)]
             else:
@@ -815,7 +891,8 @@ class MockEngine:
             queue = self._queue(budget, [], limit)
             if not queue:
                 return
-            schedule = await self.kv.schedule([], queue, self._gate(budget))
+            schedule = await self.kv.schedule([], queue, self._gate(budget), self._carried_run())
+            self._land(schedule.run)
             self._took(None, schedule.step)
             budget, more = self._admitted_by(schedule, queue, scheduled, budget)
             if not more:
@@ -920,6 +997,7 @@ class MockEngine:
         """Allocate (and cache) ``slots`` in order while they fit, keeping the events and
         counters the call drained for this step's end; return the outcome (what fit, and
         ``probe``'s admission cost)."""
+        await self.settle()
         outcome = (await self.kv.allocate_steps([slots], probe))[0]
         self._took(probe, outcome)
         return outcome
@@ -960,6 +1038,7 @@ class MockEngine:
             return None
         cost = self._known_cost(request.request_id)
         if cost is None:
+            await self.settle()
             cost = await self.kv.prefill_cost(request.request_id)
         return cost
 
@@ -1011,6 +1090,7 @@ class MockEngine:
 
     async def _flush(self, request: EngineRequest) -> None:
         """Hand the request's pending generated tokens to the manager."""
+        await self.settle()
         await self.kv.append_tokens(request.request_id, request.take_pending())
 
     async def _preempt(self, request: EngineRequest) -> None:
@@ -1018,6 +1098,7 @@ class MockEngine:
         self._head_cost = None
         if request.has_pending:
             await self._flush(request)
+        await self.settle()
         await self.kv.preempt(request.request_id)
         request.num_computed = 0
         request.num_blocks = 0

@@ -89,29 +89,25 @@ def _advance_decodes(
 
 def apply_jump(
     plan: DecodeJump,
-    result: RunAllocations | None,
     running: list[EngineRequest],
     stats: EngineStats,
     active: int,
     capacity: int,
     rank: int,
-) -> tuple[list[tuple[float, list[KVEvent]]], list[KVEvent]]:
-    """Apply a jump (`kvpool.engine.fast_forward.plan_jump`) whose allocations returned
-    ``result`` (None if it planned none; a result may go on past the plan's groups: a
-    jump cut short applies its first groups), ``active`` blocks before it of
-    ``capacity``: the requests' blocks and counts, the stats and the samples. Returns
-    each step's events that are not empty with the clock at that step's end, for the
-    caller to publish as one batch each, and the events of a finishing jump's last step;
-    the caller sets the clock (``plan.clock``) and the active count (``plan.active``).
+) -> None:
+    """Apply a jump (`kvpool.engine.fast_forward.plan_jump`) to its requests, ``active``
+    blocks before it of ``capacity``: their blocks and counts, the clock's stats (steps,
+    tokens, gaps, busy time) and the first step's usage sample; what its allocations
+    returned is applied by `apply_groups` (at once, or when a later call that carried
+    them returns). The caller sets the clock (``plan.clock``) and the active count
+    (``plan.active``).
 
     A jump whose last step finishes requests (``plan.finished``) finishes them here as
     `apply_step` would (their records, in running order, with the worker ``rank``); the
     caller then frees them in the manager (with the jump's allocations or alone) and
-    ends that step as a single step ends: its batch (the events returned second, then
-    the free's) and its usage sample come after the free, so they are left out here."""
-    groups = len(plan.step_ends)
-    if groups and result is None:
-        raise RuntimeError("a jump across block boundaries applied without its allocations")
+    ends that step as a single step ends: its batch (the events `apply_groups` returns
+    second, then the free's) and its usage sample come after the free, so they are left
+    out here."""
     # Each request's growths (one block each) and heard tokens, as the plan has them
     # (the caller checked the allocations' blocks against the plan's).
     indexes = plan.indexes
@@ -133,16 +129,36 @@ def apply_jump(
     finished = plan.finished
     if finished:
         _finish(running, finished, stats, plan.clock, rank)
-    # A finishing jump's last step is sampled after its free, by the caller.
-    last_sampled = taken - 1 if finished else taken
-    if (not groups or plan.group_steps[0]) and last_sampled > 0:
+    if (not plan.step_ends or plan.group_steps[0]) and _last_sampled(plan) > 0:
         stats.record_sample(
             plan.first_end, active / capacity, stats.prefix_query_tokens, stats.prefix_hit_tokens
         )
+
+
+def _last_sampled(plan: DecodeJump) -> int:
+    """The steps of ``plan`` sampled with it: a finishing jump's last step is sampled
+    after its free, by the caller."""
+    return plan.taken - 1 if plan.finished else plan.taken
+
+
+def apply_groups(
+    plan: DecodeJump, result: RunAllocations | None, stats: EngineStats, capacity: int
+) -> tuple[list[tuple[float, list[KVEvent]]], list[KVEvent]]:
+    """Apply what a jump's allocations returned (``result``; None if it planned none; a
+    result may go on past the plan's groups: a jump cut short applies its first groups)
+    once `apply_jump` applied the jump: each group's counters, batch count and usage
+    sample. Returns each step's events that are not empty with the clock at that step's
+    end, for the caller to publish as one batch each, and the events of a finishing
+    jump's last step. Nothing else records a sample in between, so the samples stay in
+    the clock's order however late the result comes."""
+    groups = len(plan.step_ends)
     batches: list[tuple[float, list[KVEvent]]] = []
     held: list[KVEvent] = []
-    if result is None or not groups:
+    if not groups:
         return batches, held
+    if result is None:
+        raise RuntimeError("a jump across block boundaries applied without its allocations")
+    last_sampled = _last_sampled(plan)
     # Only the event counter moves from group to group (a stretch has no first
     # allocation, so the prefix counters stay; evictions are read once, for the end).
     read_counters(stats, result.stats)

@@ -100,8 +100,11 @@ class EngineLoop:
 
     async def run(self, source: Source, on_step: StepHook | None = None) -> None:
         """Take and step until the source has nothing more and no engine is busy, or
-        the earliest busy clock reached ``cutoff``. Cancellation stops it between two
-        engine calls; the engines keep their partial state."""
+        the earliest busy clock reached ``cutoff``. Jumps carry their allocations to the
+        engine's next KV call (`MockEngine.fast_forward`'s ``carry``: a jump to an
+        arrival costs no call of its own); the engines are settled when it stops.
+        Cancellation stops it between two engine calls; the engines keep their partial
+        state (a carried jump included, sent with their next KV call)."""
         engines = self.engines
         busy = self._busy = [(e.clock, e.rank, i) for i, e in enumerate(engines) if e.has_work]
         heapq.heapify(busy)
@@ -118,6 +121,8 @@ class EngineLoop:
                 await source.take(self)
                 continue
             if not busy or busy[0][0] >= cutoff:
+                for idle in engines:  # a jump's allocations left to a next call: now
+                    await idle.settle()
                 break
             _, _, index = heapq.heappop(busy)
             engine = engines[index]
@@ -130,7 +135,7 @@ class EngineLoop:
                 until = cutoff if when is None else min(when, cutoff)
                 if busy and source.reactive:  # read each time: it changes as requests go
                     until = min(until, busy[0][0])
-                if not await engine.fast_forward(until, cross_boundaries=cross):
+                if not await engine.fast_forward(until, cross_boundaries=cross, carry=True):
                     result = await _step(engine)
             else:
                 result = await _step(engine)

@@ -534,10 +534,19 @@ class CountingKv(LocalKvClient):
         return await super().allocate_run(run, probe, stop_if_cost_changes=stop_if_cost_changes)
 
     async def schedule(
-        self, slots: list[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+        self,
+        slots: list[SlotRequest],
+        queue: list[QueuedRequest],
+        gate: AdmissionGate,
+        run: DecodeRun | None = None,
     ) -> StepSchedule:
-        """Recorded as the slots that fit, then the requests admitted."""
-        schedule = await super().schedule(slots, queue, gate)
+        """Recorded as a carried run's steps, then the slots that fit, then the requests
+        admitted."""
+        if run is not None:
+            self.slots.extend(
+                [slot.request_id for slot in step] for step in run.stretch(self.block_size).steps()
+            )
+        schedule = await super().schedule(slots, queue, gate, run)
         fit = len(schedule.step.allocations) - len(schedule.costs)
         admitted = queue[: len(schedule.costs)]
         self.slots.append([s.request_id for s in slots[:fit]] + [q.request_id for q in admitted])
@@ -583,10 +592,13 @@ async def test_a_long_queue_is_handed_over_a_few_requests_at_a_time() -> None:
     schedule = kv.schedule
 
     async def counted(
-        slots: list[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+        slots: list[SlotRequest],
+        queue: list[QueuedRequest],
+        gate: AdmissionGate,
+        run: DecodeRun | None = None,
     ) -> StepSchedule:
         handed.append(len(queue))
-        return await schedule(slots, queue, gate)
+        return await schedule(slots, queue, gate, run)
 
     kv.schedule = counted  # type: ignore[method-assign]
     for i in range(40):

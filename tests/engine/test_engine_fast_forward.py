@@ -47,6 +47,7 @@ from kvpool.engine import (
     run_simulation,
 )
 from kvpool.engine import runner as runner_module
+from kvpool.engine.kv_client import TimedKvClient
 from kvpool.engine.request import EngineRequest
 from kvpool.events import EventCollector
 from kvpool.manager import (
@@ -192,10 +193,15 @@ class CountingSteps(LocalKvClient):
         return await super().allocate_steps(steps, probe, stop_if_cost_changes=stop_if_cost_changes)
 
     async def schedule(
-        self, slots: list[SlotRequest], queue: list[QueuedRequest], gate: AdmissionGate
+        self,
+        slots: list[SlotRequest],
+        queue: list[QueuedRequest],
+        gate: AdmissionGate,
+        run: DecodeRun | None = None,
     ) -> StepSchedule:
-        self.calls.append([[slot.num_tokens for slot in slots]])
-        return await super().schedule(slots, queue, gate)
+        steps = [] if run is None else run.stretch(self.block_size).steps()
+        self.calls.append([[slot.num_tokens for slot in step] for step in [*steps, slots]])
+        return await super().schedule(slots, queue, gate, run)
 
     async def allocate_run(
         self,
@@ -801,6 +807,80 @@ def test_a_jump_takes_exactly_the_pure_decode_steps_before_the_next_arrival(
     event(f"preempted: {twins.stepper.stats.preemptions > 0}")
     target(float(min(twins.stepper.stats.preemptions, 10)), label="preemptions")
     target(float(min(sum(twins.jumps), 100)), label="steps jumped")
+
+
+# ------------------------------------------------------------------ carried jumps
+
+
+def counted_engine(config: EngineConfig) -> tuple[MockEngine, TimedKvClient]:
+    """A local engine with no sink, its KV calls counted."""
+    kv = TimedKvClient(
+        LocalKvClient.create(
+            config.num_gpu_blocks,
+            config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_kv_cache_events=config.enable_kv_cache_events,
+        )
+    )
+    return MockEngine(kv, config), kv
+
+
+def own_state(engine: MockEngine) -> tuple[object, ...]:
+    """What an engine keeps itself, which a jump moves whether or not its call waits."""
+    return (
+        engine.clock,
+        [request_state(r) for r in engine.running],
+        [request_state(r) for r in engine.waiting],
+        engine.num_active_blocks,
+        msgspec.to_builtins(engine.stats.requests),
+    )
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=workloads(), config=configs())
+def test_a_carried_jump_lands_with_the_next_step_as_if_sent_alone(
+    requests: list[RequestSpec], config: EngineConfig
+) -> None:
+    """Twin engines without a sink, driven alike (arrivals submitted, jumps taken as far
+    as they go, then a step): one jumps with ``carry``, the other without. After each
+    jump they keep the same state of their own; after each step (which lands a carried
+    jump) and at the end they show the same manager, stats, report and records, and the
+    carrier never made more KV calls."""
+    carrier, carrier_kv = counted_engine(config)
+    plain, plain_kv = counted_engine(config)
+    nothing = EventCollector()
+    carried = 0
+
+    async def main() -> None:
+        nonlocal carried
+        arrivals = deque(requests)
+        while arrivals or plain.has_work:
+            until = arrivals[0].arrival_s if arrivals else math.inf
+            if arrivals and (not plain.has_work or until <= plain.clock):
+                spec = arrivals.popleft()
+                for engine in (carrier, plain):
+                    engine.advance_to(spec.arrival_s)
+                    await engine.submit(spec, spec.arrival_s)
+                continue
+            while True:
+                calls = (carrier_kv.calls, plain_kv.calls)
+                taken = await carrier.fast_forward(until, carry=True)
+                assert await plain.fast_forward(until) == taken
+                # a call the plain jump made and the carrier's did not (yet)
+                carried += carrier_kv.calls - calls[0] < plain_kv.calls - calls[1]
+                assert own_state(carrier) == own_state(plain)
+                if not taken:
+                    break
+            if plain.has_work and plain.clock < until:
+                await carrier.step()
+                await plain.step()
+                assert await snapshot(carrier, nothing) == await snapshot(plain, nothing)
+        await carrier.settle()
+        assert await snapshot(carrier, nothing) == await snapshot(plain, nothing)
+        assert carrier_kv.calls <= plain_kv.calls
+
+    anyio.run(main, backend="asyncio")
+    event(f"carried: {min(carried, 3)}")
 
 
 # ------------------------------------------------------------------ targeted boundaries
