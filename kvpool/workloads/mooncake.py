@@ -94,9 +94,10 @@ class _BlockSizes:
                 return
 
     def warn(self, source: str) -> None:
-        """Issue the `TraceWarning`, if a line was found."""
+        """Issue the `TraceWarning`, if a line was found, at the line that asked for the
+        trace (`_parse` is called by `MooncakeTrace` or `parse_mooncake_lines`)."""
         if self.found is not None:
-            warnings.warn(f"{source}: {self.found}", TraceWarning, stacklevel=3)
+            warnings.warn(f"{source}: {self.found}", TraceWarning, stacklevel=4)
 
 
 def read_mooncake_trace(
