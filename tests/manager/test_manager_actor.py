@@ -649,3 +649,24 @@ async def test_asyncio_add_request_cancelled_after_the_reply_is_forgotten() -> N
         await kv.check_invariants()
         assert "a" not in manager
         await kv.add_request("a", [1, 2])  # not a duplicate
+
+
+@pytest.mark.asyncio
+async def test_asyncio_schedule_carrying_a_run_cancelled_after_the_reply_is_undone() -> None:
+    """A `ScheduleStep` that carried a jump's run, its caller cancelled before it read the
+    reply: the admission is forgotten and the run's growth given back, so the pool holds
+    what it held before the call; the same step then goes through again."""
+    managers: list[KvManager] = []
+    async with open_manager(16, 4, on_create=managers.append) as kv:
+        (manager,) = managers
+        await kv.add_request("r", list(range(3)))
+        assert await kv.allocate("r", 3, cache=True) is not None
+        before = (await kv.usage()).num_active
+        run = DecodeRun(["r"], [[7, 8]], [4], [1], [0], 2)  # grows at step 1
+        queue = [QueuedRequest("a", list(range(20, 29)))]
+        call = kv.schedule([], queue, AdmissionGate(16, 8), run)
+        await _cancel_after_reply(manager, call, lambda: "a" in manager)
+        await kv.check_invariants()  # queued behind the undo
+        assert "a" not in manager
+        assert manager.num_blocks("r") == 1
+        assert (await kv.usage()).num_active == before
