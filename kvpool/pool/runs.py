@@ -74,7 +74,10 @@ def slice_runs(runs: list[int], start: int, stop: int, length: int = -1) -> list
         low = start if start > position else position
         high = stop if stop < position + count else position + count
         if low < high:
-            sliced.append(runs[r] + low - position)
+            # the run's own first int when it starts the slice: a token hash (boxed) is
+            # then the very object the caller holds, which a dict lookup matches by
+            # identity, and no new int is made
+            sliced.append(runs[r] if low == position else runs[r] + low - position)
             sliced.append(high - low)
         position += count
         r += 2
