@@ -112,7 +112,6 @@ from kvpool.events import EventSink, KVEvent, KVEventBatch
 from kvpool.manager import (
     AdmissionGate,
     Allocation,
-    DecodeRun,
     PoolUsage,
     PrefillCost,
     QueuedRequest,
@@ -663,10 +662,6 @@ class MockEngine:
             assert run is not None  # only a jump with allocations is carried
             self._land(await self.kv.allocate_run(run))
 
-    def _carried_run(self) -> DecodeRun | None:
-        """The carried jump's allocations, for the step's call to carry (None: none)."""
-        return None if self._carried is None else self._carried[0].run
-
     def _land(self, result: RunAllocations | None) -> None:
         """A carried jump's allocations came back (``result``, from the call that
         carried them): check them against the plan and apply what they return
@@ -809,11 +804,7 @@ class MockEngine:
             # admissions ride on it, and the step's KV work is one call.
             queue = [] if preempted else self._queue(left, plan, 1)
             if queue:
-                schedule = await self.kv.schedule(
-                    slots, queue, self._gate(left), self._carried_run()
-                )
-                self._land(schedule.run)
-                self._took(None, schedule.step)
+                schedule = await self._schedule_call(slots, queue, left)
                 allocations = schedule.step.allocations[: len(slots)]
             else:
                 if (
@@ -891,13 +882,23 @@ class MockEngine:
             queue = self._queue(budget, [], limit)
             if not queue:
                 return
-            schedule = await self.kv.schedule([], queue, self._gate(budget), self._carried_run())
-            self._land(schedule.run)
-            self._took(None, schedule.step)
+            schedule = await self._schedule_call([], queue, budget)
             budget, more = self._admitted_by(schedule, queue, scheduled, budget)
             if not more:
                 return
             limit = 2 * len(queue)
+
+    async def _schedule_call(
+        self, slots: list[SlotRequest], queue: list[QueuedRequest], budget: int
+    ) -> StepSchedule:
+        """The step's `KvClient.schedule` of ``slots`` and ``queue`` with ``budget``
+        tokens left after the slots, carrying the carried jump if any: the jump landed,
+        then the step's allocations taken in (`_took`)."""
+        carried = None if self._carried is None else self._carried[0].run
+        schedule = await self.kv.schedule(slots, queue, self._gate(budget), carried)
+        self._land(schedule.run)
+        self._took(None, schedule.step)
+        return schedule
 
     def _queue(self, budget: int, plan: list[tuple[int, int]], limit: int) -> list[QueuedRequest]:
         """The waiting requests a step with ``budget`` tokens left after its running
@@ -1090,15 +1091,14 @@ class MockEngine:
 
     async def _flush(self, request: EngineRequest) -> None:
         """Hand the request's pending generated tokens to the manager."""
-        await self.settle()
         await self.kv.append_tokens(request.request_id, request.take_pending())
 
     async def _preempt(self, request: EngineRequest) -> None:
         self._dirty = True
         self._head_cost = None
+        await self.settle()
         if request.has_pending:
             await self._flush(request)
-        await self.settle()
         await self.kv.preempt(request.request_id)
         request.num_computed = 0
         request.num_blocks = 0

@@ -229,16 +229,9 @@ class KvManager:
         Raises `DuplicateRequestError` if ``request_id`` is registered, and
         `InvalidArgumentError` for an id that is not a str or a token outside u32.
         """
-        rid, state = self._new_request(request_id, prompt_token_ids)
-        self._requests[rid] = state
-        return self._cost_of(state)
-
-    def _new_request(
-        self, request_id: object, prompt_token_ids: Sequence[int]
-    ) -> tuple[str, RequestState]:
-        """`add_request`'s checks and the new request's state, not yet registered."""
         rid, tokens = self._check_new(request_id, prompt_token_ids)
-        return rid, self._state_of(tokens)
+        state = self._requests[rid] = self._state_of(tokens)
+        return self._cost_of(state)
 
     def _check_new(
         self, request_id: object, prompt_token_ids: Sequence[int]
@@ -378,13 +371,12 @@ class KvManager:
         carried jump), so a jump to an arrival costs no call of its own.
 
         Checked before anything changes: the run as `allocate_run` checks it, and that
-        it fits whole (its growths within the free and evictable blocks); the slots
-        as `allocate_steps` checks them (a request's new tokens in the run counted as
-        heard before them); each
-        queued request registered (no prompt; holding no block: a queued request is new
-        or preempted) or new (a prompt: as `add_request` checks it), named once and not
-        among the slots, and its whole prompt within the pool (`CapacityError`: it
-        could never run); the gate's fields. Raises `InvalidArgumentError`,
+        it fits whole (its growths within the free and evictable blocks); the slots as
+        `allocate_steps` checks them (a request's new tokens in the run counted as heard
+        before them); each queued request registered (no prompt; holding no block: a
+        queued request is new or preempted) or new (a prompt: as `add_request` checks
+        it), named once and not among the slots, and its whole prompt within the pool
+        (`CapacityError`: it could never run); the gate's fields. Raises `InvalidArgumentError`,
         `UnknownRequestError`, `DuplicateRequestError`, `CapacityError` or what
         `allocate_steps` raises.
         """
