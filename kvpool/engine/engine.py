@@ -371,7 +371,8 @@ class MockEngine:
             await self.settle()
             self._num_active = (await self.kv.usage()).num_active
         scheduled = await self._schedule()
-        await self.settle()  # landed before the step executes, if its calls did not carry it
+        if self._carried is not None:  # landed before the step executes
+            await self.settle()
         if not scheduled:
             raise RuntimeError(f"the scheduler made no progress: {self!r}")
         if self._preempted:  # the running count overestimates after a preemption
@@ -558,7 +559,8 @@ class MockEngine:
         result = None
         finish: StepOutcome | None = None
         tried = groups
-        await self.settle()
+        if self._carried is not None:
+            await self.settle()
         if run is not None:
             if carry and probe is None and not plan.finished and self.sink is None:
                 self._carried = (plan, self._num_active)
@@ -998,7 +1000,8 @@ class MockEngine:
         """Allocate (and cache) ``slots`` in order while they fit, keeping the events and
         counters the call drained for this step's end; return the outcome (what fit, and
         ``probe``'s admission cost)."""
-        await self.settle()
+        if self._carried is not None:
+            await self.settle()
         outcome = (await self.kv.allocate_steps([slots], probe))[0]
         self._took(probe, outcome)
         return outcome

@@ -17,7 +17,12 @@ from typing import NamedTuple
 
 from kvpool.hashing import TOKEN_TYPECODE
 from kvpool.hashing.runs import TokenRuns
-from kvpool.workloads.tokens import TOKEN_MASK, segment_token_array, segment_tokens
+from kvpool.workloads.tokens import (
+    TOKEN_MASK,
+    segment_runs,
+    segment_token_array,
+    segment_tokens,
+)
 
 _U64 = (1 << 64) - 1
 _LENGTH = attrgetter("length")
@@ -137,13 +142,8 @@ class RequestSpec:
         """The prompt as `TokenRuns`, one run per segment: what the engine hands a KV
         manager that keys blocks by runs (`kvpool.hashing.runs`); no token is built,
         unless ``with_tokens`` (for a manager that keeps them: events carry them)."""
-        runs = tuple(
-            [
-                (segment.seed & TOKEN_MASK, segment.length)
-                for segment in self.prompt
-                if segment.length
-            ]
-        )  # a spec's segments were checked when it was made: `TokenRuns.of_checked`
+        # a spec's segments were checked when it was made: `TokenRuns.of_checked`
+        runs = segment_runs(self.prompt)
         tokens = self.prompt_token_array() if with_tokens else None
         return TokenRuns.of_checked(runs, self.input_length, tokens)
 

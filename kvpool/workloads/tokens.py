@@ -63,4 +63,16 @@ def segment_token_array(seed: int, length: int) -> array[int]:
     return tokens
 
 
-__all__ = ["TOKEN_MASK", "segment_span", "segment_token_array", "segment_tokens"]
+def segment_runs(segments: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The token runs ``(start, length)`` of segments ``(seed, length)``, the empty ones
+    left out: a prompt as `kvpool.hashing.TokenRuns` holds it (built once per request
+    the manager hears of; compiled, a segment is read as a tuple, not by attribute)."""
+    runs: list[tuple[int, int]] = []
+    for segment in segments:
+        length = segment[1]
+        if length:
+            runs.append((segment[0] & TOKEN_MASK, length))
+    return tuple(runs)
+
+
+__all__ = ["TOKEN_MASK", "segment_runs", "segment_span", "segment_token_array", "segment_tokens"]
