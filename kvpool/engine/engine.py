@@ -657,7 +657,9 @@ class MockEngine:
     async def settle(self) -> None:
         """Send a carried jump's allocations on their own (`fast_forward`'s ``carry``),
         if one waits: after it, the manager and the stats hold all the engine did.
-        Every KV call but a step's schedule (which carries them) makes it first."""
+        Every KV call but a step's schedule (which carries them) makes it first; the
+        hot paths (a step's end, a jump, an allocation) test ``_carried`` before they
+        await it, since awaiting even a coroutine that does nothing builds one."""
         carried = self._carried
         if carried is not None:
             run = carried[0].run
