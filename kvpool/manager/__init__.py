@@ -15,6 +15,8 @@ from kvpool.lazy import lazy_attributes
 from kvpool.manager.types import (
     AdmissionGate,
     Allocation,
+    ChainAllocations,
+    DecodeChain,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
@@ -39,6 +41,8 @@ else:
 __all__ = [
     "AdmissionGate",
     "Allocation",
+    "ChainAllocations",
+    "DecodeChain",
     "DecodeRun",
     "DecodeStretch",
     "KvManager",

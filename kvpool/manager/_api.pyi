@@ -9,6 +9,8 @@ from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
     AdmissionGate,
     Allocation,
+    ChainAllocations,
+    DecodeChain,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
@@ -96,6 +98,7 @@ class KvManager:
     def finish_run(
         self, run: DecodeRun, updates: Sequence[StepUpdate]
     ) -> tuple[RunAllocations, StepOutcome]: ...
+    def finish_chain(self, chain: DecodeChain) -> ChainAllocations: ...
     def undo_allocation(self, request_id: str, allocation: Allocation) -> bool: ...
     def mark_computed(self, request_id: str, num_computed_tokens: int) -> None: ...
     def __contains__(self, request_id: object) -> bool: ...

@@ -50,6 +50,8 @@ from kvpool.manager.operations import ManagerState
 from kvpool.manager.types import (
     AdmissionGate,
     Allocation,
+    ChainAllocations,
+    DecodeChain,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
@@ -255,6 +257,11 @@ class ManagerClient:
         """`KvManager.finish_run`: a run's allocations, then a step's updates."""
         reply: messages.RunFinished = await self._call(messages.FinishRun(run, updates))
         return reply.allocations, reply.outcome
+
+    async def finish_chain(self, chain: DecodeChain) -> ChainAllocations:
+        """`KvManager.finish_chain`: decode steps with their finishing requests' frees."""
+        reply: ChainAllocations = await self._call(messages.FinishChain(chain))
+        return reply
 
     async def take_events(self) -> list[KVEvent]:
         """`KvManager.take_events`: the queued KV events, oldest first."""

@@ -64,6 +64,8 @@ from kvpool.manager.request import RequestState
 from kvpool.manager.types import (
     AdmissionGate,
     Allocation,
+    ChainAllocations,
+    DecodeChain,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
@@ -86,6 +88,7 @@ from kvpool.manager.validation import (
 )
 from kvpool.pool import BlockId, BlockPool
 from kvpool.pool.runs import (
+    add_descent,
     add_run,
     expand,
     expand_descents,
@@ -772,11 +775,382 @@ class KvManager:
         self._apply_updates(updates)
         return allocations, self._step_outcome(None)
 
-    def _check_run(self, run: object) -> tuple[list[RequestState], list[array[int] | range], int]:
+    def finish_chain(self, chain: object) -> ChainAllocations:
+        """`finish_run` of each segment of a `DecodeChain` (`DecodeChain.segments`), in
+        order, in one call: its results joined (`ChainAllocations`). A segment whose run
+        stops short (a slot that did not fit) ends the chain, its frees not made.
+
+        The chain is checked before anything changes, and raises what `allocate_run`
+        raises for its run (each request's slots ending at its leave), or
+        `InvalidArgumentError` for leaves that are not ascending steps of the run, not
+        one non-empty list of frees per leave, or a request freed twice, and
+        `UnknownRequestError` for a request freed that is not registered.
+        """
+        if type(chain) is not DecodeChain:
+            raise InvalidArgumentError(f"expected a DecodeChain, got {chain!r:.200}")
+        raw: Any = chain  # read untyped until checked
+        run: object = raw.run
+        leaves: object = raw.leaves
+        frees: object = raw.frees
+        if type(run) is not DecodeRun or type(leaves) is not list or type(frees) is not list:
+            raise InvalidArgumentError(
+                f"a DecodeChain needs a DecodeRun and two lists, got {chain!r:.200}"
+            )
+        raw_run: Any = run  # a typed read of a bad field raises a bare TypeError
+        steps: object = raw_run.steps
+        if len(frees) != len(leaves):
+            raise InvalidArgumentError("a DecodeChain needs one list of frees per leave")
+        cuts: dict[str, int] = {}
+        previous = -1
+        for j in range(len(leaves)):
+            leave: object = leaves[j]
+            freed: object = frees[j]
+            if type(leave) is not int or type(steps) is not int or not previous < leave < steps:
+                raise InvalidArgumentError(
+                    f"a DecodeChain's leaves must be ascending steps of its run: {leaves!r:.200}"
+                )
+            previous = leave
+            if type(freed) is not list or not freed:
+                raise InvalidArgumentError(
+                    f"frees must be non-empty lists of request ids, got {freed!r:.200}"
+                )
+            for request_id in freed:
+                self._get(request_id)
+                if request_id in cuts:
+                    raise InvalidArgumentError(f"request {request_id!r} is freed twice")
+                cuts[request_id] = leave
+        states, tokens, _ = self._check_run(run, cuts)
+        extended = False
+        if not self._record_events:
+            at_once = self._chain_at_once(states, tokens, chain, cuts)
+            if type(at_once) is ChainAllocations:
+                return at_once
+            extended = at_once is True
+        return self._chain_by_segments(chain, extended)
+
+    def _chain_at_once(
+        self,
+        states: list[RequestState],
+        tokens: list[array[int] | range],
+        chain: DecodeChain,
+        cuts: dict[str, int],
+    ) -> ChainAllocations | bool:
+        """A checked chain with events off, done as `_run_at_once` does a run, when that
+        is what its segments one by one would do: returns its result, or False (nothing
+        changed) or True (every request's new tokens appended, nothing else changed) for
+        `finish_chain` to do it segment by segment.
+
+        Each request's slots up to its leave are walked once, as two progressions, and
+        its tokens heard and its blocks keyed once; each segment's growths are one
+        `BlockPool.admit_each_runs`, then the blocks its leaving requests made visible
+        are cached and they are freed; the rest is cached in one `cache_runs` at the end.
+        That is the segments' result whenever `_run_at_once` would hold for each, which
+        these make sure of before anything changes:
+        - the chain's growths fit in the free and evictable blocks without its frees:
+          a free only adds blocks (its cached ones at the LRU's tail), so each
+          segment's evictions are then from the LRU as it was, a prefix of those the
+          chain would make without frees;
+        - every copy those evict is its hash's last;
+        - no hash the chain caches is resident or cached twice: caching one then moves
+          nothing (no LRU place, no eviction), whenever it happens.
+        """
+        pool = self._pool
+        bs = self._block_size
+        caching = self._caching
+        run = chain.run
+        leaves = chain.leaves
+        steps = run.steps
+        n = len(states)
+        # the segments' last steps: each leave's, then the run's last if steps follow
+        ends = list(leaves)
+        if not ends or ends[-1] < steps - 1:
+            ends.append(steps - 1)
+        count = len(ends)
+        highs = [cuts.get(run.request_ids[i], steps - 1) for i in range(n)]
+        leaving = [count] * n  # the segment each request leaves in (count: none)
+        for i in range(n):
+            if run.request_ids[i] in cuts:
+                leaving[i] = _segment_of(ends, highs[i])
+        # A request's table length, computed count and watermark after a slot at step s
+        # depend only on s (its target grows by one a step): each segment's growths, and
+        # the chain's last watermark, in closed form from its last slot in it.
+        counts = [0] * (count * n)  # the blocks request i grows by in segment j: j * n + i
+        has_slots = [False] * count
+        first_visible = [state.visible for state in states]
+        visible = list(first_visible)
+        computed = [state.computed for state in states]
+        total = 0
+        for i in range(n):
+            target = run.targets[i]
+            grow = run.grows[i]
+            fill = run.fills[i]
+            length = states[i].num_blocks
+            low = 0
+            for j in range(count):
+                top = min(ends[j], highs[i])
+                if top < low:
+                    break
+                last = max(_last_in(grow, low, top, bs), _last_in(fill, low, top, bs))
+                if last >= 0:
+                    has_slots[j] = True
+                    need = -(-(target + last) // bs)
+                    if need > length:
+                        counts[j * n + i] = need - length
+                        total += need - length
+                        length = need
+                    now = target + last
+                    if now > computed[i]:  # `_advance`, at its last slot
+                        computed[i] = now
+                        if caching and now // bs > visible[i]:
+                            visible[i] = now // bs
+                low = ends[j] + 1
+        free = pool.capacity - pool.num_active()
+        if total > free:
+            return False
+        free -= pool.num_inactive()  # what no eviction is needed for
+        if total > free and not pool.evicts_last_copies(total - free):
+            return False
+        cached = self._hear_all(states, tokens, first_visible, visible)
+        if cached is None:
+            return True
+        # Each request's slots come back every block_size steps, at one or two residues:
+        # its entries, (residue * n + request) * 2 + 1 if the fill's, sorted once, list
+        # a period's slots in the chain's order.
+        entries: list[int] = []
+        for i in range(n):
+            grow = run.grows[i]
+            fill = run.fills[i]
+            if grow >= 0:
+                entries.append((grow % bs * n + i) * 2)
+            if fill >= 0 and (grow < 0 or fill % bs != grow % bs):
+                entries.append((fill % bs * n + i) * 2 + 1)
+        entries.sort()
+        lengths = [state.num_blocks for state in states]
+        done = [state.computed for state in states]
+        seen = list(first_visible)
+        allocations: list[list[int]] = [[] for _ in range(n)]
+        removed: list[int] = []
+        kv_events: list[int] = []
+        outcomes: list[StepOutcome] = []
+        groups: list[int] = []
+        stats = self.stats()
+        events = self._num_events
+        low = 0
+        for j in range(count):
+            high = ends[j]
+            if has_slots[j]:
+                growers: list[int] = []
+                grows: list[int] = []
+                tails: list[int] = []
+                for i in range(n):
+                    if counts[j * n + i]:
+                        growers.append(i)
+                        grows.append(counts[j * n + i])
+                        tails.append(last_of(states[i].table))
+                # a growth has its Removed event when the unallocated blocks ran out
+                # before its last block (every copy evicted is its hash's last)
+                room = pool.capacity - pool.num_active() - pool.num_inactive()
+                if growers:
+                    taken = pool.admit_each_runs(grows, tails)
+                    if taken is None:  # unreachable: the total fits
+                        raise InvariantViolationError("a chain's admissions did not fit after all")
+                    ids, removed_runs = taken
+                    next_id = 0
+                    for g in range(len(growers)):
+                        new_ids = slice_runs(ids, next_id, next_id + grows[g])
+                        next_id += grows[g]
+                        state = states[growers[g]]
+                        extend_runs(state.table, new_ids)
+                        state.num_blocks += grows[g]
+                        extend_runs(allocations[growers[g]], new_ids)
+                    for r in range(0, len(removed_runs), 2):
+                        add_descent(removed, removed_runs[r], removed_runs[r + 1])
+                events = self._chain_groups(
+                    run, entries, highs, lengths, done, seen, low, high, room, events, kv_events
+                )
+                self._num_events = events
+                stats = self.stats()
+            if j < len(leaves):
+                members = [i for i in range(n) if leaving[i] == j]
+                self._cache_some(states, computed, first_visible, visible, members)
+                for request_id in chain.frees[j]:
+                    self.free(request_id)
+                outcomes.append(self._step_outcome(None))
+                groups.append(len(kv_events))
+            low = high + 1
+        self._cache_some(
+            states, computed, first_visible, visible, [i for i in range(n) if leaving[i] == count]
+        )
+        slots = 0
+        for i in range(n):
+            slots += _slots_in(run.grows[i], run.fills[i], highs[i], bs)
+        return ChainAllocations(
+            RunAllocations(
+                [Allocation(blocks, 0, []) for blocks in allocations],
+                slots,
+                removed,
+                kv_events,
+                [],
+                stats,
+                None,
+            ),
+            outcomes,
+            groups,
+        )
+
+    def _chain_groups(
+        self,
+        run: DecodeRun,
+        entries: list[int],
+        highs: list[int],
+        lengths: list[int],
+        done: list[int],
+        seen: list[int],
+        low: int,
+        high: int,
+        room: int,
+        events: int,
+        kv_events: list[int],
+    ) -> int:
+        """`_chain_at_once`'s event counts of the groups of steps ``low`` to ``high`` (a
+        segment, with ``room`` blocks unallocated before its admissions), appended to
+        ``kv_events``; returns the count after them. Walks the slots in order, period by
+        period (``entries``), each request's table length, computed count and watermark
+        (``lengths``, ``done``, ``seen``) moving as `_run_at_once`'s walk moves them: a
+        slot counts a Stored event if it makes a block visible, and a growth a Removed
+        one once the segment's growths outgrow ``room``."""
+        bs = self._block_size
+        caching = self._caching
+        n = len(highs)
+        targets = run.targets
+        grows = run.grows
+        fills = run.fills
+        used = 0
+        group = -1
+        base = low - low % bs
+        while base <= high:
+            for key in entries:
+                i = key // 2 % n
+                step = base + key // (2 * n)
+                if step > high:
+                    break
+                if step < low or step > highs[i]:
+                    continue
+                first = fills[i] if key & 1 else grows[i]
+                if step < first:
+                    # its other progression may reach this residue first (both at one
+                    # residue: one entry, the grow's)
+                    other = grows[i] if key & 1 else fills[i]
+                    if key & 1 or other < 0 or other % bs != first % bs or step < other:
+                        continue
+                if step != group:
+                    if group >= 0:
+                        kv_events.append(events)
+                    group = step
+                now = targets[i] + step
+                need = -(-now // bs)
+                if need > lengths[i]:
+                    used += need - lengths[i]
+                    lengths[i] = need
+                    if used > room:
+                        events += 1
+                if now > done[i]:  # `_advance`
+                    done[i] = now
+                    if caching and now // bs > seen[i]:
+                        seen[i] = now // bs
+                        events += 1
+            base += bs
+        if group >= 0:
+            kv_events.append(events)
+        return events
+
+    def _cache_some(
+        self,
+        states: list[RequestState],
+        computed: list[int],
+        first_visible: list[int],
+        visible: list[int],
+        members: list[int],
+    ) -> None:
+        """`_cache_all` of the requests ``members`` only (`_chain_at_once`): their
+        computed counts and watermarks, and their newly visible blocks cached."""
+        blocks: list[int] = []
+        hashes: list[int] = []
+        for i in members:
+            state = states[i]
+            state.computed = computed[i]
+            if visible[i] > first_visible[i]:
+                extend_runs(
+                    blocks, slice_runs(state.table, first_visible[i], visible[i], state.num_blocks)
+                )
+                extend_runs(
+                    hashes, slice_runs(state.chain, first_visible[i], visible[i], state.num_hashed)
+                )
+                state.visible = visible[i]
+        if hashes and self._pool.cache_runs(blocks, hashes) != [0, runs_length(hashes)]:
+            # unreachable: no hash was resident or cached twice
+            raise InvariantViolationError("a chain cached a hash resident already")
+
+    def _chain_by_segments(self, chain: DecodeChain, extended: bool) -> ChainAllocations:
+        """`finish_chain` of a checked chain, segment by segment; with ``extended``, every
+        request's new tokens were appended already."""
+        run = chain.run
+        place = {run.request_ids[i]: i for i in range(len(run.request_ids))}
+        joined: list[list[int]] = [[] for _ in run.request_ids]
+        removed: list[int] = []
+        kv_events: list[int] = []
+        events: list[tuple[int, list[KVEvent]]] = []
+        outcomes: list[StepOutcome] = []
+        groups: list[int] = []
+        slots = 0
+        stats = self.stats()
+        for piece, updates in chain.segments(self._block_size):
+            stopped = False
+            if piece is not None:
+                states, tokens, growth = self._check_run(piece)
+                if extended:
+                    stretch = piece.stretch(self._block_size)
+                    result = RunAllocations.of_stretch(
+                        stretch,
+                        self._stretch_slots(states, tokens, stretch, None, -1, None, True),
+                    )
+                else:
+                    result = self._run_checked(states, tokens, piece, None, -1, None)
+                grown = 0
+                for k in range(len(result.allocations)):
+                    blocks = result.allocations[k].block_runs
+                    grown += runs_length(blocks)
+                    extend_runs(joined[place[piece.request_ids[k]]], blocks)
+                removed_runs = result.removed_runs
+                for r in range(0, len(removed_runs), 2):
+                    add_descent(removed, removed_runs[r], removed_runs[r + 1])
+                offset = len(kv_events)
+                events.extend((group + offset, queued) for group, queued in result.events)
+                kv_events.extend(result.kv_events)
+                slots += result.slots
+                stats = result.stats
+                stopped = grown < growth
+            if stopped:
+                break
+            if updates:
+                self._apply_updates(updates)
+                outcomes.append(self._step_outcome(None))
+                groups.append(len(kv_events))
+        allocations = [Allocation(blocks, 0, []) for blocks in joined]
+        return ChainAllocations(
+            RunAllocations(allocations, slots, removed, kv_events, events, stats, None),
+            outcomes,
+            groups,
+        )
+
+    def _check_run(
+        self, run: object, cuts: dict[str, int] | None = None
+    ) -> tuple[list[RequestState], list[array[int] | range], int]:
         """`allocate_run`'s checks of its run, before anything changes: the requests'
         states and new tokens (`_decoding`), and the blocks its tables grow by if every
         slot fits (each growth takes a fresh block, so they all fit exactly when these
-        do: `schedule` requires it of a run it carries)."""
+        do: `schedule` requires it of a run it carries). ``cuts`` (`finish_chain`'s)
+        names the requests whose slots end early, each with its last step."""
         if type(run) is not DecodeRun:
             raise InvalidArgumentError(f"expected a DecodeRun, got {run!r:.200}")
         raw: Any = run  # read untyped until checked, as `allocate_stretch` does
@@ -826,14 +1200,19 @@ class KvManager:
                 )
             # its last slot's step, and its first: it hears a token a step from its first
             # slot on, the rest with the first
+            high = steps - 1 if cuts is None else cuts.get(cast(str, unchecked_ids[i]), steps - 1)
             last = -1
             first = steps
-            if grow >= 0:
-                last = grow + (steps - 1 - grow) // bs * bs
+            if 0 <= grow <= high:
+                last = grow + (high - grow) // bs * bs
                 first = grow
-            if fill >= 0:
-                last = max(last, fill + (steps - 1 - fill) // bs * bs)
+            if 0 <= fill <= high:
+                last = max(last, fill + (high - fill) // bs * bs)
                 first = min(first, fill)
+            if last < 0:
+                raise InvalidArgumentError(
+                    f"request {unchecked_ids[i]!r} takes part in no step before it leaves"
+                )
             span = last - first
             if len(tokens[i]) < span:
                 raise InvalidArgumentError(
@@ -1651,6 +2030,35 @@ class KvManager:
         all or nothing (the pool checks every id before it releases one)."""
         self._pool.release_runs(state.table)
         state.reset()
+
+
+def _segment_of(ends: list[int], step: int) -> int:
+    """The segment of a chain (its last steps ``ends``, ascending) holding ``step``."""
+    j = 0
+    while ends[j] < step:
+        j += 1
+    return j
+
+
+def _last_in(first: int, low: int, high: int, block_size: int) -> int:
+    """The last step in ``[low, high]`` of the progression ``first``, ``first +
+    block_size``, ... (-1: none, or ``first`` is -1)."""
+    if first < 0 or high < first or high < low:
+        return -1
+    last = first + (high - first) // block_size * block_size
+    return last if last >= low else -1
+
+
+def _slots_in(grow: int, fill: int, high: int, block_size: int) -> int:
+    """A request's slots up to step ``high``: its growths' and fills' progressions, a
+    step in both counted once."""
+    total = 0
+    for first in (grow, fill):
+        if 0 <= first <= high:
+            total += (high - first) // block_size + 1
+    if 0 <= grow <= high and 0 <= fill <= high and grow % block_size == fill % block_size:
+        total -= (high - max(grow, fill)) // block_size + 1
+    return total
 
 
 def _require(condition: bool, message: str) -> None:

@@ -19,6 +19,8 @@ from kvpool.events import KVEvent, KVEventBatch
 from kvpool.manager.types import (
     AdmissionGate,
     Allocation,
+    ChainAllocations,
+    DecodeChain,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
@@ -169,6 +171,13 @@ class FinishRun(msgspec.Struct, frozen=True, gc=False, tag=True):
     updates: list[StepUpdate]
 
 
+class FinishChain(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.finish_chain``: decode steps whose finishing requests are freed as
+    they finish (a jump that goes on past them); the reply is a `ChainAllocations`."""
+
+    chain: DecodeChain
+
+
 class GetManagerStats(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.stats`` plus the pool's occupancy."""
 
@@ -194,6 +203,7 @@ ManagerRequest: TypeAlias = (
     | FinishStep
     | FinishStretch
     | FinishRun
+    | FinishChain
     | GetManagerStats
     | CheckManager
 )
@@ -264,6 +274,7 @@ ManagerReply: TypeAlias = (
     | StretchFinished
     | RunAllocations
     | RunFinished
+    | ChainAllocations
     | ManagerStatsReply
     | DoneReply
     | ErrorReply
@@ -298,6 +309,7 @@ __all__ = [
     "BatchReply",
     "CheckManager",
     "EventsReply",
+    "FinishChain",
     "FinishRun",
     "FinishStep",
     "FinishStretch",

@@ -29,6 +29,8 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `FinishStretch` gives blocks back too (its frees run even if its caller left) and
   hands blocks and events out: an unread reply's allocations are undone as
   `AllocateStretch`'s (a freed request's are gone with it), and its events put back.
+  `FinishRun` and `FinishChain` likewise, a chain's events put back in the order its
+  segments queued them.
 - `AppendTokens`, `MarkComputed` and an `AllocateSlots`' ``new_tokens`` took effect if
   the actor reached them (the computed
   count is a watermark, so re-sending it is harmless).
@@ -55,6 +57,7 @@ from kvpool.manager.messages import (
     BatchReply,
     CheckManager,
     EventsReply,
+    FinishChain,
     FinishRun,
     FinishStep,
     FinishStretch,
@@ -73,6 +76,7 @@ from kvpool.manager.messages import (
     TakeEvents,
 )
 from kvpool.manager.types import (
+    ChainAllocations,
     DecodeRun,
     DecodeStretch,
     PoolUsage,
@@ -202,6 +206,29 @@ class ManagerState:
 
     def undo_finish_run(self, message: FinishRun, reply: RunFinished) -> None:
         self._undo_run(message.run, reply.allocations, reply.outcome.events)
+
+    def finish_chain(self, message: FinishChain) -> ChainAllocations:
+        return self.manager.finish_chain(message.chain)
+
+    def undo_finish_chain(self, message: FinishChain, reply: ChainAllocations) -> None:
+        """Undo the chain's allocations (a freed request's are back already), then put
+        its events back in the order they were queued: each leave's after its groups'."""
+        manager = self.manager
+        run = message.chain.run
+        allocations = reply.run.allocations
+        for i in range(len(allocations) - 1, -1, -1):
+            manager.undo_allocation(run.request_ids[i], allocations[i])
+        events: list[KVEvent] = []
+        group_events = reply.run.events
+        pending = 0
+        for j, outcome in enumerate(reply.outcomes):
+            while pending < len(group_events) and group_events[pending][0] < reply.groups[j]:
+                events.extend(group_events[pending][1])
+                pending += 1
+            events.extend(outcome.events)
+        for _, queued in group_events[pending:]:
+            events.extend(queued)
+        manager.restore_events(events)
 
     def _undo_run(self, run: DecodeRun, reply: RunAllocations, later: list[KVEvent]) -> None:
         """Undo a run's allocations, request by request, last first, then put its events
@@ -343,6 +370,14 @@ OPERATIONS: tuple[Operation[ManagerState, Any, Any], ...] = (
         RunFinished,
         ManagerState.finish_run,
         undo=ManagerState.undo_finish_run,
+        gives_back=True,
+        ordered=True,
+    ),
+    Operation(
+        FinishChain,
+        ChainAllocations,
+        ManagerState.finish_chain,
+        undo=ManagerState.undo_finish_chain,
         gives_back=True,
         ordered=True,
     ),

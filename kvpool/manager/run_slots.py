@@ -14,6 +14,9 @@ from typing import Protocol
 
 from kvpool.pool.runs import add_descent, extend_runs
 
+RunFields = tuple[list[str], list[Sequence[int]], list[int], list[int], list[int], int]
+"""A `kvpool.manager.types.DecodeRun`'s fields, in order."""
+
 
 class SlotBlocks(Protocol):
     """What `gather` reads of a slot's allocation (`kvpool.manager.types.Allocation`)."""
@@ -86,3 +89,76 @@ def gather(
         for r in range(0, len(removed_runs), 2):
             add_descent(removed, removed_runs[r], removed_runs[r + 1])
     return joined, removed
+
+
+def _first_at(start: int, low: int, high: int, block_size: int) -> int:
+    """The first step in ``[low, high]`` of the progression ``start``, ``start +
+    block_size``, ... (-1: none, or ``start`` is -1)."""
+    if start < 0 or start > high:
+        return -1
+    if start < low:
+        start += -(-(low - start) // block_size) * block_size
+    return start if start <= high else -1
+
+
+def _last_of(first: int, high: int, block_size: int) -> int:
+    """The last step up to ``high`` of the progression from ``first`` (-1: none)."""
+    return -1 if first < 0 else first + (high - first) // block_size * block_size
+
+
+def split_chain(
+    request_ids: list[str],
+    new_tokens: list[Sequence[int]],
+    targets: list[int],
+    grows: list[int],
+    fills: list[int],
+    steps: int,
+    leaves: list[int],
+    frees: list[list[str]],
+    block_size: int,
+) -> list[tuple[RunFields | None, list[str]]]:
+    """The segments of a checked `DecodeChain` from its fields (`DecodeChain.segments`):
+    each one's run as a `DecodeRun`'s fields (None: no request has a slot in it) and
+    its frees."""
+    count = len(request_ids)
+    place = {request_ids[i]: i for i in range(count)}
+    cut = [steps - 1] * count  # each request's last step: its leave's, or the chain's
+    for j in range(len(leaves)):
+        for request_id in frees[j]:
+            i = place.get(request_id, -1)
+            if i >= 0:
+                cut[i] = leaves[j]
+    last: list[int] = []  # each request's last slot in the chain
+    for i in range(count):
+        end = -1
+        for start in (grows[i], fills[i]):
+            end = max(end, _last_of(_first_at(start, 0, cut[i], block_size), cut[i], block_size))
+        last.append(end)
+    bounds = [(leaves[j - 1] + 1 if j else 0, leaves[j], frees[j]) for j in range(len(leaves))]
+    if not leaves or leaves[-1] < steps - 1:
+        bounds.append((leaves[-1] + 1 if leaves else 0, steps - 1, []))
+    heard = [0] * count  # each request's new tokens handed to its segments so far
+    segments: list[tuple[RunFields | None, list[str]]] = []
+    for low, high, freed in bounds:
+        ids: list[str] = []
+        tokens: list[Sequence[int]] = []
+        starts: list[int] = []
+        firsts_grow: list[int] = []
+        firsts_fill: list[int] = []
+        for i in range(count):
+            top = min(high, cut[i])
+            grow = _first_at(grows[i], low, top, block_size)
+            fill = _first_at(fills[i], low, top, block_size)
+            if grow < 0 and fill < 0:
+                continue
+            end = max(_last_of(grow, top, block_size), _last_of(fill, top, block_size))
+            upto = len(new_tokens[i]) - (last[i] - end)  # heard through its last slot here
+            ids.append(request_ids[i])
+            tokens.append(new_tokens[i][heard[i] : upto])
+            heard[i] = upto
+            starts.append(targets[i] + low)
+            firsts_grow.append(grow - low if grow >= 0 else -1)
+            firsts_fill.append(fill - low if fill >= 0 else -1)
+        piece = (ids, tokens, starts, firsts_grow, firsts_fill, high - low + 1) if ids else None
+        segments.append((piece, freed))
+    return segments

@@ -8,7 +8,7 @@ from typing import cast
 import msgspec
 
 from kvpool.events import KVEvent
-from kvpool.manager.run_slots import gather, spell_out
+from kvpool.manager.run_slots import gather, spell_out, split_chain
 from kvpool.messages.values import PoolUsage
 from kvpool.pool import BlockId
 from kvpool.pool.runs import expand, expand_descents, runs_length
@@ -300,6 +300,60 @@ class RunAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
         )
 
 
+class DecodeChain(msgspec.Struct, frozen=True, gc=False):
+    """Decode steps in which requests leave, for `KvManager.finish_chain`: ``run``'s
+    slots (`DecodeRun`), and after step ``leaves[j]`` the requests ``frees[j]`` freed, in
+    order. A request freed after step ``s`` takes part in no step after it (its slots
+    are those of ``run`` up to ``s``); a request freed may also not be in ``run`` at all.
+
+    It stands for its `segments`, each a run's allocations then its frees
+    (`KvManager.finish_run`): the steps up to the first leave, those after it up to
+    the next, and so on, then the steps after the last leave (with no frees) if any.
+    The engine sends one for a fast-forward jump that goes on past the steps in which
+    requests finish, when nobody waits for their blocks.
+    """
+
+    run: DecodeRun
+    leaves: list[int]
+    frees: list[list[str]]
+
+    def segments(self, block_size: int) -> list[tuple[DecodeRun | None, list[StepUpdate]]]:
+        """Each segment's run (None: no request has a slot in it) and frees, in order;
+        each run's requests in ``run``'s order, its steps and targets counted from the
+        segment's first step, and each request's new tokens those it hears in the
+        segment."""
+        return [
+            (
+                None if piece is None else DecodeRun(*piece),
+                [StepUpdate(request_id, [], -1, True) for request_id in frees],
+            )
+            for piece, frees in split_chain(
+                self.run.request_ids,
+                self.run.new_tokens,
+                self.run.targets,
+                self.run.grows,
+                self.run.fills,
+                self.run.steps,
+                self.leaves,
+                self.frees,
+                block_size,
+            )
+        ]
+
+
+class ChainAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """What `KvManager.finish_chain` did: ``run``, its run's allocations as
+    `KvManager.allocate_run` gives them (per request, its segments' blocks joined; its
+    groups those of every segment, in order; ``stats`` after the last group), and
+    ``outcomes``, each leave's frees' `StepOutcome`, in order, ``groups[j]`` of the
+    run's groups before the ``j``-th (fewer outcomes than leaves: a slot did not fit,
+    and nothing after it was tried)."""
+
+    run: RunAllocations
+    outcomes: list[StepOutcome]
+    groups: list[int]
+
+
 class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
     """What `KvManager.allocate_stretch` did, in the compact form of its argument.
 
@@ -333,6 +387,8 @@ class StretchAllocations(msgspec.Struct, frozen=True, gc=False, tag=True):
 __all__ = [
     "AdmissionGate",
     "Allocation",
+    "ChainAllocations",
+    "DecodeChain",
     "DecodeRun",
     "DecodeStretch",
     "ManagerStats",

@@ -34,6 +34,7 @@ from kvpool.errors import (
 )
 from kvpool.events import BlockStored
 from kvpool.manager import (
+    DecodeChain,
     DecodeRun,
     DecodeStretch,
     KvManager,
@@ -87,6 +88,7 @@ MANAGER_METHODS = [
     "finish_step",
     "finish_stretch",
     "finish_run",
+    "finish_chain",
     "take_events",
     "take_batch",
     "stats",
@@ -656,6 +658,32 @@ async def test_a_finish_run_in_a_cancelled_scope_frees_and_allocates_nothing() -
         )
         await kv.usage()  # queued behind it: the actor has handled it by now
         assert "b" not in manager
+        assert manager.num_blocks("a") == 1
+        await kv.free("a")
+        assert (await kv.usage()).num_active == 0
+        await kv.check_invariants()
+
+
+@pytest.mark.anyio
+async def test_a_finish_chain_in_a_cancelled_scope_frees_and_allocates_nothing() -> None:
+    """`finish_chain` as `finish_run`: in a cancelled scope its frees take effect, and
+    what its segments allocated goes back."""
+    managers: list[KvManager] = []
+    async with open_manager(8, BS, on_create=managers.append) as kv:
+        (manager,) = managers
+        for name, first in (("a", 0), ("b", 100), ("c", 200)):
+            await kv.add_request(name, list(range(first, first + 3)))
+            assert await kv.allocate(name, 3, cache=True) is not None
+        await kv.take_events()
+        # a and c fill their first blocks at step 0, c leaving then with b; a's table
+        # grows at step 1 and again at step 5
+        run = DecodeRun(["a", "c"], [[7, 8, 9, 9, 9, 9], [7]], [4, 4], [1, -1], [0, 0], 6)
+        chain = DecodeChain(run, [0], [["b", "c"]])
+        await anyio.wait_all_tasks_blocked()
+        await _give_back_in_cancelled_scope(lambda: kv.finish_chain(chain))
+        await kv.usage()  # queued behind it: the actor has handled it by now
+        assert "b" not in manager
+        assert "c" not in manager
         assert manager.num_blocks("a") == 1
         await kv.free("a")
         assert (await kv.usage()).num_active == 0

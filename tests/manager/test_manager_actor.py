@@ -23,6 +23,7 @@ from kvpool.errors import (
 from kvpool.events import KVEvent, KVEventBatch, decode_batch, encode_batch
 from kvpool.manager import (
     AdmissionGate,
+    DecodeChain,
     DecodeRun,
     DecodeStretch,
     KvManager,
@@ -38,6 +39,7 @@ from kvpool.manager.messages import (
     AllocateSlots,
     AllocateSteps,
     AllocateStretch,
+    FinishChain,
     FinishRun,
     FinishStretch,
     ScheduleStep,
@@ -497,6 +499,52 @@ def test_undoing_an_unread_finish_run_keeps_its_frees() -> None:
     assert manager.pool.num_active() == before - 1  # b's block went idle
     drained = [event for _, events in reply.allocations.events for event in events]
     assert manager.take_events() == drained + reply.outcome.events
+    manager.check_invariants()
+
+
+def test_undoing_an_unread_finish_chain_keeps_its_frees_and_queues_its_events_in_order() -> None:
+    """A `FinishChain` whose caller never read the reply: its frees stay made, the
+    survivors' allocations go back, and every event it drained is queued again in the
+    order it was queued: the first leave's (an older event, drained by its frees, its
+    segment having no slot) before the next segment's steps', those before the second
+    leave's, then the last segment's."""
+    managers = []
+    for _ in range(2):
+        handlers, manager = _handlers()
+        manager.add_request("old", list(range(100, 104)))
+        assert manager.allocate("old", 4, cache=True) is not None  # one Stored queued
+        for name, first in (("a", 0), ("b", 10)):
+            manager.add_request(name, list(range(first, first + 3)))
+            assert manager.allocate(name, 3, cache=True) is not None
+        managers.append((handlers, manager))
+    (handlers, manager), (_, twin) = managers
+    before = manager.pool.num_active()
+    # a and b fill their first blocks at step 1 (Stored), b leaving then; a grows at
+    # step 2 and fills that block at step 5 (Stored); "old" leaves after step 0
+    run = DecodeRun(["a", "b"], [[7, 8, 9, 10, 11], [20]], [3, 3], [2, -1], [1, 1], 6)
+    chain = DecodeChain(run, [0, 1], [["old"], ["b"]])
+    message = FinishChain(chain)
+    reply = handlers.finish_chain(message)
+    assert [allocation.num_blocks for allocation in reply.run.allocations] == [1, 0]
+    assert (reply.run.slots, reply.groups) == (4, [0, 1])
+    assert [len(outcome.events) for outcome in reply.outcomes] == [1, 0]
+    assert manager.num_pending_events == 0
+    handlers.undo_finish_chain(message, reply)
+    assert "old" not in manager  # freed for good
+    assert "b" not in manager
+    assert manager.num_blocks("a") == 1
+    assert manager.pool.num_active() == before - 2  # old's and b's blocks went idle
+    # the same calls one by one on a twin, each one's events as it drained them
+    queued: list[KVEvent] = []
+    for piece, updates in chain.segments(BS):
+        if piece is not None:
+            result = twin.allocate_run(piece)
+            queued += [event for _, events in result.events for event in events]
+        if updates:
+            queued += twin.finish_step(updates).events
+    assert [type(event).__name__ for event in queued] == ["BlockStored"] * 4
+    assert queued[:1] == reply.outcomes[0].events  # old's, drained by the first leave
+    assert manager.take_events() == queued
     manager.check_invariants()
 
 

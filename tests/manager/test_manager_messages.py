@@ -11,6 +11,8 @@ from kvpool.events import BlockRemoved, BlockStored, KVEventBatch
 from kvpool.manager import (
     AdmissionGate,
     Allocation,
+    ChainAllocations,
+    DecodeChain,
     DecodeRun,
     DecodeStretch,
     ManagerStats,
@@ -36,6 +38,7 @@ from kvpool.manager.messages import (
     BatchReply,
     CheckManager,
     EventsReply,
+    FinishChain,
     FinishRun,
     FinishStep,
     FinishStretch,
@@ -88,6 +91,14 @@ MESSAGES: list[ManagerMessage] = [
     AllocateRun(DecodeRun(["r1", "r2"], [[7, 8], []], [33, 17], [0, -1], [15, 3], 40)),
     AllocateRun(DecodeRun(["r1"], [[]], [33], [0], [-1], 1), "r2", PrefillCost(1, 0, 2)),
     FinishRun(DecodeRun(["r1"], [[7]], [33], [0], [-1], 1), [StepUpdate("r2", [], -1, True)]),
+    FinishChain(
+        DecodeChain(
+            DecodeRun(["r1", "r2"], [[7, 8], []], [33, 17], [0, -1], [15, 3], 40),
+            [3, 20],
+            [["r2", "r3"], ["r1"]],
+        )
+    ),
+    FinishChain(DecodeChain(DecodeRun(["r1"], [[]], [33], [0], [-1], 1), [], [])),
     MarkComputed("r1", 16),
     FreeRequest("r1"),
     PreemptRequest("r1"),
@@ -143,6 +154,28 @@ MESSAGES: list[ManagerMessage] = [
     RunFinished(
         RunAllocations([Allocation([], 0, [])], 1, [], [0], [], ManagerStats(2, 9, 4, 1, 0, 2)),
         StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(2, 9, 4, 1, 0, 2)),
+    ),
+    ChainAllocations(
+        RunAllocations(
+            [Allocation([7, 2], 0, []), Allocation([], 0, [])],
+            5,
+            [4, 2],
+            [1, 2],
+            [(1, [BlockRemoved(block_hashes=[4, 3])])],
+            ManagerStats(2, 9, 4, 1, 0, 2),
+        ),
+        [
+            StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(2, 9, 4, 1, 0, 2)),
+            StepOutcome(
+                [BlockRemoved(block_hashes=[5])], PoolUsage(2, 2, 8), ManagerStats(1, 9, 4, 2, 0, 3)
+            ),
+        ],
+        [1, 2],
+    ),
+    ChainAllocations(
+        RunAllocations([], 0, [], [], [], ManagerStats(0, 0, 0, 0, 0)),
+        [],
+        [],
     ),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0)),
     StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 0, 0, 0, 0), PrefillCost(1, 1, 0)),
