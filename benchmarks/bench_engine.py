@@ -413,7 +413,7 @@ CALL_SITES = (
     # arrivals cost no call
     ("steps", ("schedule", "allocate_steps")),
     ("jumps", ("allocate_run",)),
-    ("finishing jumps", ("finish_run",)),
+    ("finishing jumps", ("finish_run", "finish_chain")),
     ("finishing steps", ("finish_step",)),
 )
 """Where the engine's KV calls come from, and the counts each is read from."""

@@ -99,8 +99,14 @@ from mypy_extensions import mypyc_attr
 
 from kvpool.engine.admission import rejection_reason
 from kvpool.engine.config import EngineConfig
-from kvpool.engine.execution import apply_groups, apply_jump, apply_step
-from kvpool.engine.fast_forward import DecodeJump, decode_growth, decode_slot, plan_jump
+from kvpool.engine.execution import apply_groups, apply_jump, apply_step, first_sample
+from kvpool.engine.fast_forward import (
+    DecodeJump,
+    chain_run,
+    decode_growth,
+    decode_slot,
+    plan_jump,
+)
 from kvpool.engine.kv_client import KvClient
 from kvpool.engine.metrics import EngineStats, close_batch, read_counters
 from kvpool.engine.request import EngineRequest
@@ -112,6 +118,8 @@ from kvpool.events import EventSink, KVEvent, KVEventBatch
 from kvpool.manager import (
     AdmissionGate,
     Allocation,
+    ChainAllocations,
+    DecodeChain,
     PoolUsage,
     PrefillCost,
     QueuedRequest,
@@ -167,6 +175,41 @@ class StepResult(msgspec.Struct, frozen=True):
     preempted: list[str]
     finished: list[str]
     outputs: list[RequestOutput]
+
+
+class _Chain:
+    """A chain of jumps being taken (`MockEngine._take_chain`): its requests as they
+    were at its start, its jumps and what it frees."""
+
+    def __init__(self, requests: list[EngineRequest]) -> None:
+        self.requests = requests
+        self.tokens = [request.num_tokens for request in requests]
+        self.blocks = [request.num_blocks for request in requests]
+        self.sent = [request.num_sent for request in requests]
+        self.cuts = [-1] * len(requests)
+        """The step each request finished in (-1: it did not)."""
+        self.plans: list[DecodeJump] = []
+        self.bounds: list[int] = []
+        """The active count each jump was planned from (no free counted)."""
+        self.leaves: list[int] = []
+        self.frees: list[list[str]] = []
+        self.steps = 0
+
+    def message(self, config: EngineConfig) -> DecodeChain:
+        """The chain's allocations and frees for the manager."""
+        last = self.steps - 1
+        cuts = [last if cut < 0 else cut for cut in self.cuts]
+        run = chain_run(
+            self.requests,
+            self.tokens,
+            self.blocks,
+            self.sent,
+            cuts,
+            self.steps,
+            config.block_size,
+            config.enable_prefix_caching,
+        )
+        return DecodeChain(run, self.leaves, self.frees)
 
 
 # Compiled with mypyc (setup.py); tests and tools still subclass it or wrap its methods.
@@ -428,7 +471,12 @@ class MockEngine:
         )
 
     async def fast_forward(
-        self, until: float = math.inf, *, cross_boundaries: bool = True, carry: bool = False
+        self,
+        until: float = math.inf,
+        *,
+        cross_boundaries: bool = True,
+        carry: bool = False,
+        chain: bool = False,
     ) -> int:
         """Take at once the decode steps that start before ``until``; return how many
         (0: the next step is not one, or does not start before ``until``: `step`).
@@ -478,6 +526,11 @@ class MockEngine:
         the stats lack its counters, batch counts and usage samples after its first
         step; everything the engine itself keeps (its requests, clock, active blocks)
         has moved. `EngineLoop` passes it, and settles its engines when it stops.
+
+        With ``chain`` (the caller's promise that no request arrives before ``until``
+        whoever finishes: `EngineLoop` passes it for a source that is not reactive), a
+        finishing jump goes on past its finishing step as the next call would, jump
+        after jump, while nobody waits and until a jump finishes nobody: `_take_chain`.
         """
         running = self.running
         clock = self.clock
@@ -517,8 +570,11 @@ class MockEngine:
                 if self._admission(head, budget, cost, growing) is not None:
                     return 0  # the next step admits the head of the queue
             plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=True, finishing=finishing)
-            taken = await self._take_jump(plan, until, head, cost, carry) if plan.taken else 0
-            return self._jumped(taken) if taken else 0
+            if not plan.taken:
+                return 0
+            if plan.finished and chain and self.sink is None and not self._decode_usage_matters:
+                return self._jumped(await self._take_chain(plan, until))
+            return self._jumped(await self._take_jump(plan, until, head, cost, carry))
         plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=False)
         if not plan.taken:
             return 0
@@ -615,8 +671,123 @@ class MockEngine:
         await self._execute(scheduled)
         return before.taken + 1
 
+    async def _take_chain(self, plan: DecodeJump, until: float) -> int:
+        """Take the finishing jump ``plan`` and the jumps that follow it while each one
+        finishes requests (nobody waits, and `fast_forward`'s ``chain`` says nobody
+        arrives before ``until``), and the one after the last if it takes a step, as
+        `fast_forward` would take them one call at a time, but in one KV call: their
+        allocations and frees as one `DecodeChain` (`KvClient.finish_chain`). Returns
+        the steps taken.
+
+        Each jump is planned once the one before it is applied (requests moved and
+        finished, clock and stats on), from an active count that leaves out the frees
+        so far: the manager says how many blocks a free releases (a request's prefix
+        may be shared), so until it answers the count is an upper bound, and a growth
+        that fits under it fits. A jump that the bound cuts short ends the chain, and
+        the next call goes on with the true count. Usage samples, counters and batches
+        wait for the answer (nothing records one in between) and are then recorded in
+        the order single jumps record them, with the true counts: the timing model
+        does not read the usage (the caller checks), so no duration depends on them."""
+        if self._carried is not None:
+            await self.settle()
+        chain = _Chain(self.running)
+        self._plan_chain(chain, plan, until)
+        self._remember_cost(None, None)  # the cache changes with the chain
+        result = await self.kv.finish_chain(chain.message(self.config))
+        self._check_chain(chain.plans, chain.bounds, result)
+        self._apply_chain(chain, result)
+        return chain.steps
+
+    def _plan_chain(self, chain: _Chain, plan: DecodeJump, until: float) -> None:
+        """`_take_chain`'s jumps from ``plan`` on, each applied once planned (its usage
+        samples left out); the requests that finish leave the running list."""
+        capacity = self.config.num_gpu_blocks
+        stats = self.stats
+        cuts = chain.cuts
+        where = list(range(len(self.running)))  # each running request's index in the chain
+        while True:
+            chain.plans.append(plan)
+            chain.bounds.append(self._num_active)
+            running = self.running
+            apply_jump(plan, running, stats, self._num_active, capacity, self.rank, False)
+            self.clock = plan.clock
+            self._num_active = plan.active
+            chain.steps += plan.taken
+            if not plan.finished:
+                return
+            freed: list[str] = []
+            for index in plan.finished:
+                request_id = running[index].request_id
+                freed.append(request_id)
+                self._ids.discard(request_id)
+                cuts[where[index]] = chain.steps - 1
+            chain.leaves.append(chain.steps - 1)
+            chain.frees.append(freed)
+            kept = [k for k in range(len(running)) if running[k].finish_s is None]
+            self.running = [running[k] for k in kept]
+            where = [where[k] for k in kept]
+            if not kept:
+                return
+            plan = self._plan_jump(
+                until, _UNBOUNDED, cross_boundaries=True, finishing=True, spell=False
+            )
+            if not plan.taken:
+                return
+
+    def _apply_chain(self, chain: _Chain, result: ChainAllocations) -> None:
+        """Record what `_take_chain`'s jumps left out once the manager answered
+        (``result``, checked): each jump's samples, groups and free, in order, with the
+        true active counts."""
+        capacity = self.config.num_gpu_blocks
+        stats = self.stats
+        plans = chain.plans
+        bounds = chain.bounds
+        outcomes = result.outcomes
+        first = 0  # the chain's first group of each jump
+        active = bounds[0]  # the true count before each jump
+        for j in range(len(plans)):
+            plan = plans[j]
+            shift = bounds[j] - active
+            first_sample(plan, stats, active, capacity)
+            held = self._apply_groups(plan, result.run, first, shift)
+            first += len(plan.step_ends)
+            if plan.finished:
+                outcome = outcomes[j]
+                self._read_outcome(None, outcome)
+                self._end_step(held + outcome.events if held else outcome.events, plan.clock)
+                active = outcome.usage.num_active
+            else:
+                active = plan.active - shift
+        self._num_active = active
+
+    def _check_chain(
+        self, plans: list[DecodeJump], bounds: list[int], result: ChainAllocations
+    ) -> None:
+        """Check a chain's ``result`` against its jumps' ``plans`` (`_take_chain`): every
+        slot fit, every free was made, and the blocks given are the jumps' growth."""
+        slots = 0
+        for plan in plans:
+            if plan.step_ends:
+                slots += plan.step_ends[-1]
+        grown = 0
+        for allocation in result.run.allocations:
+            grown += runs_length(allocation.block_runs)
+        leaves = len(plans) if plans[-1].finished else len(plans) - 1
+        if (
+            result.run.slots != slots
+            or len(result.outcomes) != leaves
+            or grown != plans[-1].active - bounds[0]
+        ):
+            raise RuntimeError(f"a chain of jumps' allocations did not fit: {self!r}")
+
     def _plan_jump(
-        self, until: float, max_steps: int, *, cross_boundaries: bool, finishing: bool = False
+        self,
+        until: float,
+        max_steps: int,
+        *,
+        cross_boundaries: bool,
+        finishing: bool = False,
+        spell: bool = True,
     ) -> DecodeJump:
         """The jump from now (`kvpool.engine.fast_forward.plan_jump`); nothing changes."""
         config = self.config
@@ -635,6 +806,7 @@ class MockEngine:
             max_steps,
             cross_boundaries,
             finishing,
+            spell,
         )
 
     def _check_run(self, plan: DecodeJump, result: RunAllocations, before: int) -> int:
@@ -696,11 +868,16 @@ class MockEngine:
         self.clock = plan.clock
         self._num_active = plan.active
 
-    def _apply_groups(self, plan: DecodeJump, result: RunAllocations | None) -> list[KVEvent]:
-        """Apply what the jump ``plan``'s allocations returned (`apply_groups`) and
-        publish each step's batch, stamped with that step's end; return a finishing
-        jump's last step's events, which `_finish_jump` batches."""
-        batches, held = apply_groups(plan, result, self.stats, self.config.num_gpu_blocks)
+    def _apply_groups(
+        self, plan: DecodeJump, result: RunAllocations | None, first: int = 0, shift: int = 0
+    ) -> list[KVEvent]:
+        """Apply what the jump ``plan``'s allocations returned (`apply_groups`, the plan's
+        groups from ``first`` on, its active counts ``shift`` too high) and publish each
+        step's batch, stamped with that step's end; return a finishing jump's last step's
+        events, which `_finish_jump` batches."""
+        batches, held = apply_groups(
+            plan, result, self.stats, self.config.num_gpu_blocks, first, shift
+        )
         sink = self.sink
         if sink is not None:
             for end, events in batches:

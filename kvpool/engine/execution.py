@@ -94,10 +94,13 @@ def apply_jump(
     active: int,
     capacity: int,
     rank: int,
+    sample: bool = True,
 ) -> None:
     """Apply a jump (`kvpool.engine.fast_forward.plan_jump`) to its requests, ``active``
     blocks before it of ``capacity``: their blocks and counts, the clock's stats (steps,
-    tokens, gaps, busy time) and the first step's usage sample; what its allocations
+    tokens, gaps, busy time) and (``sample``) the first step's usage sample
+    (`first_sample`: a chain of jumps, whose later jumps' ``active`` the manager's frees
+    decide, records it once they are known); what its allocations
     returned is applied by `apply_groups` (at once, or when a later call that carried
     them returns). The caller sets the clock (``plan.clock``) and the active count
     (``plan.active``).
@@ -129,6 +132,13 @@ def apply_jump(
     finished = plan.finished
     if finished:
         _finish(running, finished, stats, plan.clock, rank)
+    if sample:
+        first_sample(plan, stats, active, capacity)
+
+
+def first_sample(plan: DecodeJump, stats: EngineStats, active: int, capacity: int) -> None:
+    """The usage sample of a jump's first step, ``active`` blocks of ``capacity`` before
+    it, unless a group (`apply_groups`) or the free after a finishing step samples it."""
     if (not plan.step_ends or plan.group_steps[0]) and _last_sampled(plan) > 0:
         stats.record_sample(
             plan.first_end, active / capacity, stats.prefix_query_tokens, stats.prefix_hit_tokens
@@ -142,10 +152,18 @@ def _last_sampled(plan: DecodeJump) -> int:
 
 
 def apply_groups(
-    plan: DecodeJump, result: RunAllocations | None, stats: EngineStats, capacity: int
+    plan: DecodeJump,
+    result: RunAllocations | None,
+    stats: EngineStats,
+    capacity: int,
+    first: int = 0,
+    shift: int = 0,
 ) -> tuple[list[tuple[float, list[KVEvent]]], list[KVEvent]]:
-    """Apply what a jump's allocations returned (``result``; None if it planned none; a
-    result may go on past the plan's groups: a jump cut short applies its first groups)
+    """Apply what a jump's allocations returned (``result``, whose groups from ``first``
+    on are the plan's: a chain's holds every jump's; None if it planned none; a
+    result may go on past the plan's groups: a jump cut short applies its first groups;
+    ``shift``: how many blocks the plan's active counts overstate, a chain's frees
+    before it)
     once `apply_jump` applied the jump: each group's counters, batch count and usage
     sample. Returns each step's events that are not empty with the clock at that step's
     end, for the caller to publish as one batch each, and the events of a finishing
@@ -167,6 +185,8 @@ def apply_groups(
     kv_events = result.kv_events
     events = result.events
     pending = 0  # the next entry of ``events`` (by group, in order)
+    while pending < len(events) and events[pending][0] < first:
+        pending += 1
     # each group's usage sample, recorded together after the loop (nothing in it reads
     # the samples): one array extension each, not four appends a group
     times: list[float] = []
@@ -177,9 +197,9 @@ def apply_groups(
     last_active = -1
     for group in range(groups):
         end = group_ends[group]
-        stats.kv_events = kv_events[group]
+        stats.kv_events = kv_events[first + group]
         queued: list[KVEvent] = []
-        if pending < len(events) and events[pending][0] == group:
+        if pending < len(events) and events[pending][0] == first + group:
             queued = events[pending][1]
             pending += 1
         if group_steps[group] == last_sampled:
@@ -187,7 +207,7 @@ def apply_groups(
             break
         if close_batch(stats) and queued:
             batches.append((end, queued))
-        after = group_active[group]
+        after = group_active[group] - shift
         if after != last_active:  # a group that only fills blocks repeats the usage
             times.append(end)
             usages.append(after / capacity)

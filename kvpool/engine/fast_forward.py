@@ -95,7 +95,8 @@ class DecodeJump:
         self.sent: list[int] = _NONE
         """Each request of ``indexes``' ``num_sent`` once the groups are allocated."""
         self.run: DecodeRun | None = None
-        """The groups' allocations, for `KvClient.allocate_run` (None: no group)."""
+        """The groups' allocations, for `KvClient.allocate_run` (None: no group, or
+        planned without ``spell``)."""
         self.finished: list[int] = _NONE
         """The running indexes, in order, of the requests that sample their last token in
         the jump's last step (and so finish then); empty but with ``finishing``."""
@@ -124,6 +125,7 @@ def plan_jump(
     max_steps: int,
     cross_boundaries: bool,
     finishing: bool = False,
+    spell: bool = True,
 ) -> DecodeJump:
     """Plan the decode steps that start before ``until`` while every running request
     decodes, none samples its last token, and every table that grows gets its block
@@ -146,6 +148,10 @@ def plan_jump(
     which the first requests sample their last token, as its last step: those requests
     are the plan's ``finished``, for the caller to finish as `step` would (their last
     token is never computed, so they take part in that step's slots as any other).
+
+    Without ``spell`` the plan's ``run`` stays None even with groups (its ``indexes``,
+    ``grown`` and ``sent`` are set): the later jumps of a chain, whose allocations go
+    to the manager as one run (`chain_run`).
     """
     plan = DecodeJump(clock, active)
     # The counts below are machine words (i64): a jump's steps, a few requests, a block
@@ -269,7 +275,8 @@ def plan_jump(
             if running[index].output_length - running[index].num_output - 1 == final_step
         ]
     if opened:
-        plan.run = _run(running, plan, bs, caching)
+        run = _run(running, plan, bs, caching, spell)
+        plan.run = run if spell else None
     plan.clock = clock
     plan.busy = busy
     plan.active = active
@@ -288,31 +295,92 @@ def decode_slot(request: EngineRequest, step: i64, block_size: i64, caching: boo
     return 0
 
 
-def _run(running: list[EngineRequest], plan: DecodeJump, bs: i64, caching: bool) -> DecodeRun:
+def _run(
+    running: list[EngineRequest], plan: DecodeJump, bs: i64, caching: bool, spell: bool
+) -> DecodeRun:
     """The plan's slots as a `DecodeRun` naming only the requests that take part (a
     jump's slots are a few of a large batch), in running order: each one's first growth
-    and fill steps, and its generated tokens through its last slot as one span; the
-    plan's ``indexes``, ``grown`` and ``sent`` set with it."""
+    and fill steps, and its generated tokens through its last slot as one span (without
+    ``spell``, an empty one); the plan's ``indexes``, ``grown`` and ``sent`` set with
+    it."""
     taken: i64 = plan.taken
     indexes: list[int] = []
     grown: list[int] = []
     sent: list[int] = []
-    request_ids: list[str] = []
-    new_tokens: list[Sequence[int]] = []
-    targets: list[int] = []
-    grows: list[int] = []
-    fills: list[int] = []
+    members = _Members(spell)
     for index in range(len(running)):
         request = running[index]
-        tokens: i64 = request.num_tokens
-        grow: i64 = request.num_blocks * bs - tokens + 1
+        blocks = members.add(
+            request, request.num_tokens, request.num_blocks, request.num_sent, taken, bs, caching
+        )
+        if blocks >= 0:
+            indexes.append(index)
+            grown.append(blocks)
+            sent.append(members.told)
+    plan.indexes = indexes
+    plan.grown = grown
+    plan.sent = sent
+    return members.run(taken)
+
+
+def chain_run(
+    requests: list[EngineRequest],
+    tokens: list[int],
+    blocks: list[int],
+    sent: list[int],
+    cuts: list[int],
+    steps: int,
+    block_size: int,
+    caching: bool,
+) -> DecodeRun:
+    """The `DecodeRun` of a chain of jumps (`kvpool.manager.DecodeChain`'s run) of
+    ``steps`` steps in all: each of ``requests`` as it was at the chain's start
+    (``tokens``, ``blocks``, ``sent``: its counts then), with its slots up to step
+    ``cuts[i]`` (the step it finished in, or the chain's last), if it has any, as
+    `plan_jump` plans each jump's."""
+    members = _Members(True)
+    for i in range(len(requests)):
+        members.add(requests[i], tokens[i], blocks[i], sent[i], cuts[i] + 1, block_size, caching)
+    return members.run(steps)
+
+
+class _Members:
+    """The fields of a `DecodeRun` being built, member by member (`add`); without
+    ``spell`` only counted (``told``, and `add`'s blocks), no field filled."""
+
+    def __init__(self, spell: bool) -> None:
+        self.spell = spell
+        self.request_ids: list[str] = []
+        self.new_tokens: list[Sequence[int]] = []
+        self.targets: list[int] = []
+        self.grows: list[int] = []
+        self.fills: list[int] = []
+        self.told = 0
+        """The last member's ``num_sent`` once its slots are allocated."""
+
+    def add(
+        self,
+        request: EngineRequest,
+        tokens: i64,
+        held: i64,
+        since: i64,
+        taken: i64,
+        bs: i64,
+        caching: bool,
+    ) -> i64:
+        """Add ``request``, with ``tokens`` tokens, ``held`` blocks and ``since`` heard,
+        if it has a slot in the ``taken`` steps from now: its first growth and fill
+        steps, and its generated tokens through its last slot as one span (``told``: how
+        many it has heard then). Returns how many blocks its table grows by (one a
+        growth), or -1 without a slot."""
+        grow: i64 = held * bs - tokens + 1
         if grow >= taken:
             grow = -1
         fill: i64 = -tokens % bs if caching else -1
         if fill >= taken:
             fill = -1
         if grow < 0 and fill < 0:
-            continue
+            return -1
         last: i64 = -1  # its last slot's step
         blocks: i64 = 0
         if grow >= 0:
@@ -323,23 +391,25 @@ def _run(running: list[EngineRequest], plan: DecodeJump, bs: i64, caching: bool)
             if last_fill > last:
                 last = last_fill
         first: i64 = grow if fill < 0 or 0 <= grow < fill else fill
-        since: i64 = request.num_sent
         if tokens + first - request.prompt_length < since:  # told with its first slot
             raise RuntimeError(f"{request.request_id}: the manager heard of more tokens")
         told: i64 = tokens + last - request.prompt_length
-        indexes.append(index)
-        grown.append(blocks)
-        sent.append(told)
-        request_ids.append(request.request_id)
-        new_tokens.append(
+        self.told = told
+        if not self.spell:
+            return blocks
+        self.request_ids.append(request.request_id)
+        self.new_tokens.append(
             segment_span(request.output_seed, request.output_length, since, told)
             if since < told
             else _NO_TOKENS
         )
-        targets.append(tokens)
-        grows.append(grow)
-        fills.append(fill)
-    plan.indexes = indexes
-    plan.grown = grown
-    plan.sent = sent
-    return DecodeRun(request_ids, new_tokens, targets, grows, fills, taken)
+        self.targets.append(tokens)
+        self.grows.append(grow)
+        self.fills.append(fill)
+        return blocks
+
+    def run(self, steps: int) -> DecodeRun:
+        """The `DecodeRun` of the members added, of ``steps`` steps."""
+        return DecodeRun(
+            self.request_ids, self.new_tokens, self.targets, self.grows, self.fills, steps
+        )

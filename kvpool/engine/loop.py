@@ -30,7 +30,9 @@ over the decode-only steps that start before the next arrival (`MockEngine.fast_
 see `kvpool.engine.simulation` for why that is identical to stepping), and, when
 settling may release further requests (``Source.reactive``), before the next busy
 engine's clock too; ``cross_boundaries=False`` (a paced run) keeps a jump from
-publishing an event batch before its time. A jump's hook gets no `StepResult` (None).
+publishing an event batch before its time. While no settling can release a request, a
+jump that finishes requests may go on past them, jump after jump, in one KV call
+(`MockEngine.fast_forward`'s ``chain``). A jump's hook gets no `StepResult` (None).
 
 Invariants: an engine is on the heap (``_queued``) iff it has work, and its key is its
 current clock (a busy engine's clock moves only when it steps, and it is off the heap
@@ -135,7 +137,10 @@ class EngineLoop:
                 until = cutoff if when is None else min(when, cutoff)
                 if busy and source.reactive:  # read each time: it changes as requests go
                     until = min(until, busy[0][0])
-                if not await engine.fast_forward(until, cross_boundaries=cross, carry=True):
+                jumped = await engine.fast_forward(
+                    until, cross_boundaries=cross, carry=True, chain=not source.reactive
+                )
+                if not jumped:
                     result = await _step(engine)
             else:
                 result = await _step(engine)

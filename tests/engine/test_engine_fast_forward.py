@@ -883,6 +883,56 @@ def test_a_carried_jump_lands_with_the_next_step_as_if_sent_alone(
     event(f"carried: {min(carried, 3)}")
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=workloads(), config=configs())
+def test_a_chain_of_jumps_is_the_steps_it_takes(
+    requests: list[RequestSpec], config: EngineConfig
+) -> None:
+    """Twin engines without a sink, driven alike: one jumps with ``chain`` (a finishing
+    jump goes on past its finish, jump after jump, in one KV call), the other steps one
+    step at a time as many steps. After each chain they show the same state, manager,
+    stats, report and records, and a call that finished requests at several steps (a
+    chain of jumps) made one KV call."""
+    chainer, chainer_kv = counted_engine(config)
+    plain, _ = counted_engine(config)
+    nothing = EventCollector()
+    chained = 0
+
+    async def main() -> None:
+        nonlocal chained
+        arrivals = deque(requests)
+        while arrivals or plain.has_work:
+            until = arrivals[0].arrival_s if arrivals else math.inf
+            if arrivals and (not plain.has_work or until <= plain.clock):
+                spec = arrivals.popleft()
+                for engine in (chainer, plain):
+                    engine.advance_to(spec.arrival_s)
+                    await engine.submit(spec, spec.arrival_s)
+                continue
+            while True:
+                calls = chainer_kv.calls
+                finished = len(chainer.stats.requests)
+                taken = await chainer.fast_forward(until, chain=True)
+                calls = chainer_kv.calls - calls
+                for _ in range(taken):
+                    await plain.step()
+                assert await snapshot(chainer, nothing) == await snapshot(plain, nothing)
+                # requests finished at several step ends in one call: a chain
+                if len({r.finish_s for r in chainer.stats.requests[finished:]}) > 1:
+                    chained += 1
+                    assert calls == 1
+                if not taken:
+                    break
+            if plain.has_work and plain.clock < until:
+                await chainer.step()
+                await plain.step()
+                assert await snapshot(chainer, nothing) == await snapshot(plain, nothing)
+        assert await snapshot(chainer, nothing) == await snapshot(plain, nothing)
+
+    anyio.run(main, backend="asyncio")
+    event(f"chains: {min(chained, 3)}")
+
+
 # ------------------------------------------------------------------ targeted boundaries
 
 
