@@ -866,44 +866,30 @@ class KvManager:
         if not ends or ends[-1] < steps - 1:
             ends.append(steps - 1)
         count = len(ends)
-        highs = [cuts.get(run.request_ids[i], steps - 1) for i in range(n)]
-        leaving = [count] * n  # the segment each request leaves in (count: none)
-        for i in range(n):
-            if run.request_ids[i] in cuts:
-                leaving[i] = _segment_of(ends, highs[i])
-        # A request's table length, computed count and watermark after a slot at step s
-        # depend only on s (its target grows by one a step): each segment's growths, and
-        # the chain's last watermark, in closed form from its last slot in it.
-        counts = [0] * (count * n)  # the blocks request i grows by in segment j: j * n + i
-        has_slots = [False] * count
+        highs: list[int] = []  # each request's last step: its leave's, or the run's
         first_visible = [state.visible for state in states]
         visible = list(first_visible)
         computed = [state.computed for state in states]
+        # A request's table length, computed count and watermark after its slot at step
+        # s depend only on s (its target grows by one a step), so the chain's growth and
+        # last watermark come from its last slot, in closed form.
         total = 0
+        slots = 0
         for i in range(n):
-            target = run.targets[i]
+            high = cuts.get(run.request_ids[i], steps - 1)
+            highs.append(high)
             grow = run.grows[i]
             fill = run.fills[i]
-            length = states[i].num_blocks
-            low = 0
-            for j in range(count):
-                top = min(ends[j], highs[i])
-                if top < low:
-                    break
-                last = max(_last_in(grow, low, top, bs), _last_in(fill, low, top, bs))
-                if last >= 0:
-                    has_slots[j] = True
-                    need = -(-(target + last) // bs)
-                    if need > length:
-                        counts[j * n + i] = need - length
-                        total += need - length
-                        length = need
-                    now = target + last
-                    if now > computed[i]:  # `_advance`, at its last slot
-                        computed[i] = now
-                        if caching and now // bs > visible[i]:
-                            visible[i] = now // bs
-                low = ends[j] + 1
+            slots += _slots_in(grow, fill, high, bs)
+            last = max(_last_in(grow, 0, high, bs), _last_in(fill, 0, high, bs))
+            now = run.targets[i] + last
+            need = -(-now // bs)
+            if need > states[i].num_blocks:
+                total += need - states[i].num_blocks
+            if now > computed[i]:  # `_advance`, at its last slot
+                computed[i] = now
+                if caching and now // bs > visible[i]:
+                    visible[i] = now // bs
         free = pool.capacity - pool.num_active()
         if total > free:
             return False
@@ -913,21 +899,14 @@ class KvManager:
         cached = self._hear_all(states, tokens, first_visible, visible)
         if cached is None:
             return True
-        # Each request's slots come back every block_size steps, at one or two residues:
-        # its entries, (residue * n + request) * 2 + 1 if the fill's, sorted once, list
-        # a period's slots in the chain's order.
-        entries: list[int] = []
-        for i in range(n):
-            grow = run.grows[i]
-            fill = run.fills[i]
-            if grow >= 0:
-                entries.append((grow % bs * n + i) * 2)
-            if fill >= 0 and (grow < 0 or fill % bs != grow % bs):
-                entries.append((fill % bs * n + i) * 2 + 1)
-        entries.sort()
-        lengths = [state.num_blocks for state in states]
-        done = [state.computed for state in states]
-        seen = list(first_visible)
+        leaving: list[list[int]] = [[] for _ in range(count)]  # each leave's requests
+        place = {run.request_ids[i]: i for i in range(n)}
+        for j in range(len(leaves)):
+            for request_id in chain.frees[j]:
+                i = place.get(request_id, -1)
+                if i >= 0:
+                    leaving[j].append(i)
+        walk = _SlotWalk(run, states, highs, bs, caching)
         allocations: list[list[int]] = [[] for _ in range(n)]
         removed: list[int] = []
         kv_events: list[int] = []
@@ -938,19 +917,17 @@ class KvManager:
         low = 0
         for j in range(count):
             high = ends[j]
-            if has_slots[j]:
-                growers: list[int] = []
-                grows: list[int] = []
-                tails: list[int] = []
-                for i in range(n):
-                    if counts[j * n + i]:
-                        growers.append(i)
-                        grows.append(counts[j * n + i])
-                        tails.append(last_of(states[i].table))
-                # a growth has its Removed event when the unallocated blocks ran out
-                # before its last block (every copy evicted is its hash's last)
-                room = pool.capacity - pool.num_active() - pool.num_inactive()
+            # a growth has its Removed event when the unallocated blocks ran out before
+            # its last block (every copy evicted is its hash's last)
+            room = pool.capacity - pool.num_active() - pool.num_inactive()
+            groups_before = len(kv_events)
+            events = walk.segment(low, high, room, events, kv_events)
+            if len(kv_events) > groups_before:  # the segment has slots
+                growers = sorted(walk.touched)  # request order: one admission each
+                grows = [walk.grown[i] for i in growers]
+                walk.clear()
                 if growers:
+                    tails = [last_of(states[i].table) for i in growers]
                     taken = pool.admit_each_runs(grows, tails)
                     if taken is None:  # unreachable: the total fits
                         raise InvariantViolationError("a chain's admissions did not fit after all")
@@ -965,25 +942,17 @@ class KvManager:
                         extend_runs(allocations[growers[g]], new_ids)
                     for r in range(0, len(removed_runs), 2):
                         add_descent(removed, removed_runs[r], removed_runs[r + 1])
-                events = self._chain_groups(
-                    run, entries, highs, lengths, done, seen, low, high, room, events, kv_events
-                )
                 self._num_events = events
                 stats = self.stats()
             if j < len(leaves):
-                members = [i for i in range(n) if leaving[i] == j]
-                self._cache_some(states, computed, first_visible, visible, members)
+                self._cache_some(states, computed, first_visible, visible, leaving[j])
                 for request_id in chain.frees[j]:
                     self.free(request_id)
                 outcomes.append(self._step_outcome(None))
                 groups.append(len(kv_events))
             low = high + 1
-        self._cache_some(
-            states, computed, first_visible, visible, [i for i in range(n) if leaving[i] == count]
-        )
-        slots = 0
-        for i in range(n):
-            slots += _slots_in(run.grows[i], run.fills[i], highs[i], bs)
+        staying = [i for i in range(n) if run.request_ids[i] not in cuts]
+        self._cache_some(states, computed, first_visible, visible, staying)
         return ChainAllocations(
             RunAllocations(
                 [Allocation(blocks, 0, []) for blocks in allocations],
@@ -997,72 +966,6 @@ class KvManager:
             outcomes,
             groups,
         )
-
-    def _chain_groups(
-        self,
-        run: DecodeRun,
-        entries: list[int],
-        highs: list[int],
-        lengths: list[int],
-        done: list[int],
-        seen: list[int],
-        low: int,
-        high: int,
-        room: int,
-        events: int,
-        kv_events: list[int],
-    ) -> int:
-        """`_chain_at_once`'s event counts of the groups of steps ``low`` to ``high`` (a
-        segment, with ``room`` blocks unallocated before its admissions), appended to
-        ``kv_events``; returns the count after them. Walks the slots in order, period by
-        period (``entries``), each request's table length, computed count and watermark
-        (``lengths``, ``done``, ``seen``) moving as `_run_at_once`'s walk moves them: a
-        slot counts a Stored event if it makes a block visible, and a growth a Removed
-        one once the segment's growths outgrow ``room``."""
-        bs = self._block_size
-        caching = self._caching
-        n = len(highs)
-        targets = run.targets
-        grows = run.grows
-        fills = run.fills
-        used = 0
-        group = -1
-        base = low - low % bs
-        while base <= high:
-            for key in entries:
-                i = key // 2 % n
-                step = base + key // (2 * n)
-                if step > high:
-                    break
-                if step < low or step > highs[i]:
-                    continue
-                first = fills[i] if key & 1 else grows[i]
-                if step < first:
-                    # its other progression may reach this residue first (both at one
-                    # residue: one entry, the grow's)
-                    other = grows[i] if key & 1 else fills[i]
-                    if key & 1 or other < 0 or other % bs != first % bs or step < other:
-                        continue
-                if step != group:
-                    if group >= 0:
-                        kv_events.append(events)
-                    group = step
-                now = targets[i] + step
-                need = -(-now // bs)
-                if need > lengths[i]:
-                    used += need - lengths[i]
-                    lengths[i] = need
-                    if used > room:
-                        events += 1
-                if now > done[i]:  # `_advance`
-                    done[i] = now
-                    if caching and now // bs > seen[i]:
-                        seen[i] = now // bs
-                        events += 1
-            base += bs
-        if group >= 0:
-            kv_events.append(events)
-        return events
 
     def _cache_some(
         self,
@@ -2032,12 +1935,126 @@ class KvManager:
         state.reset()
 
 
-def _segment_of(ends: list[int], step: int) -> int:
-    """The segment of a chain (its last steps ``ends``, ascending) holding ``step``."""
-    j = 0
-    while ends[j] < step:
-        j += 1
-    return j
+class _SlotWalk:
+    """A chain's slots walked in order, segment by segment (`KvManager._chain_at_once`):
+    each request's table length, computed count and watermark moving as
+    `KvManager._run_at_once`'s walk moves them, each segment's event counts per group,
+    and the blocks each request's table grows by in it (``grown``, for the requests
+    ``touched``: only those, so a segment costs its slots, not the batch).
+
+    Each request's slots come back every block_size steps, at one or two residues: its
+    entries, ``(residue * n + request) * 2`` (``+ 1`` for the fills' when they differ),
+    sorted once, list a period's slots in the chain's order; ``starts[r]`` is the first
+    entry at residue ``r`` or after, where a segment starting mid-period begins."""
+
+    def __init__(
+        self,
+        run: DecodeRun,
+        states: list[RequestState],
+        highs: list[int],
+        block_size: int,
+        caching: bool,
+    ) -> None:
+        self.targets = run.targets
+        self.grows = run.grows
+        self.fills = run.fills
+        self.highs = highs
+        self.block_size = block_size
+        self.caching = caching
+        n = len(highs)
+        self.lengths = [state.num_blocks for state in states]
+        self.done = [state.computed for state in states]
+        self.seen = [state.visible for state in states]
+        self.grown = [0] * n
+        self.touched: list[int] = []
+        entries: list[int] = []
+        for i in range(n):
+            grow = self.grows[i]
+            fill = self.fills[i]
+            if grow >= 0:
+                entries.append((grow % block_size * n + i) * 2)
+            if fill >= 0 and (grow < 0 or fill % block_size != grow % block_size):
+                entries.append((fill % block_size * n + i) * 2 + 1)
+        entries.sort()
+        self.entries = entries
+        starts = [len(entries)] * (block_size + 1)
+        for k in range(len(entries) - 1, -1, -1):
+            starts[entries[k] // (2 * n)] = k
+        for r in range(block_size - 1, -1, -1):
+            starts[r] = min(starts[r], starts[r + 1])
+        self.starts = starts
+
+    def segment(self, low: int, high: int, room: int, events: int, kv_events: list[int]) -> int:
+        """Walk the slots of steps ``low`` to ``high`` (a segment with ``room`` blocks
+        unallocated before its admissions): append each group's event count after it
+        to ``kv_events`` and return the count after the last. A slot counts a Stored
+        event if it makes a block visible, a growth a Removed one once the segment's
+        growths outgrow ``room``."""
+        bs = self.block_size
+        caching = self.caching
+        entries = self.entries
+        targets = self.targets
+        grows = self.grows
+        fills = self.fills
+        highs = self.highs
+        lengths = self.lengths
+        done = self.done
+        seen = self.seen
+        grown = self.grown
+        touched = self.touched
+        n = len(highs)
+        size = len(entries)
+        used = 0
+        group = -1
+        base = low - low % bs
+        k = self.starts[low % bs]
+        while base <= high:
+            while k < size:
+                key = entries[k]
+                k += 1
+                i = key // 2 % n
+                step = base + key // (2 * n)
+                if step > high:
+                    break
+                if step < low or step > highs[i]:
+                    continue
+                first = fills[i] if key & 1 else grows[i]
+                if step < first:
+                    # its other progression may reach this residue first (both at one
+                    # residue: one entry, the growths')
+                    other = grows[i] if key & 1 else fills[i]
+                    if key & 1 or other < 0 or other % bs != first % bs or step < other:
+                        continue
+                if step != group:
+                    if group >= 0:
+                        kv_events.append(events)
+                    group = step
+                now = targets[i] + step
+                need = -(-now // bs)
+                if need > lengths[i]:
+                    if not grown[i]:
+                        touched.append(i)
+                    grown[i] += need - lengths[i]
+                    used += need - lengths[i]
+                    lengths[i] = need
+                    if used > room:
+                        events += 1
+                if now > done[i]:  # `_advance`
+                    done[i] = now
+                    if caching and now // bs > seen[i]:
+                        seen[i] = now // bs
+                        events += 1
+            base += bs
+            k = 0
+        if group >= 0:
+            kv_events.append(events)
+        return events
+
+    def clear(self) -> None:
+        """Forget the last segment's growths."""
+        for i in self.touched:
+            self.grown[i] = 0
+        self.touched = []
 
 
 def _last_in(first: int, low: int, high: int, block_size: int) -> int:
