@@ -890,11 +890,7 @@ class KvManager:
                 computed[i] = now
                 if caching and now // bs > visible[i]:
                     visible[i] = now // bs
-        free = pool.capacity - pool.num_active()
-        if total > free:
-            return False
-        free -= pool.num_inactive()  # what no eviction is needed for
-        if total > free and not pool.evicts_last_copies(total - free):
+        if not self._fits_at_once(total):
             return False
         cached = self._hear_all(states, tokens, first_visible, visible)
         if cached is None:
@@ -1216,12 +1212,9 @@ class KvManager:
                 tails.append(last_of(states[i].table))
                 growers.append(i)
                 total += blocks
-        free = pool.capacity - pool.num_active()
-        if total > free:
+        if not self._fits_at_once(total):
             return False
-        free -= pool.num_inactive()  # what no eviction is needed for
-        if total > free and not pool.evicts_last_copies(total - free):
-            return False
+        free = pool.capacity - pool.num_active() - pool.num_inactive()  # no eviction needed
         cached = self._hear_all(states, tokens, first_visible, visible)
         if cached is None:
             return True
@@ -1366,6 +1359,17 @@ class KvManager:
                 break
             start = end
         return StretchAllocations(allocations, kv_events, events, self.stats(), cost)
+
+    def _fits_at_once(self, total: int) -> bool:
+        """Whether ``total`` fresh blocks fit as a closed-form run needs them: within the
+        free and evictable blocks, each copy they evict its hash's last (a run's first
+        two conditions, `_run_at_once`)."""
+        pool = self._pool
+        free = pool.capacity - pool.num_active()
+        if total > free:
+            return False
+        free -= pool.num_inactive()  # what no eviction is needed for
+        return total <= free or pool.evicts_last_copies(total - free)
 
     def _hear_all(
         self,

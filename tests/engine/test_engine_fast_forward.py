@@ -16,7 +16,7 @@ import json
 import math
 import types
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -836,46 +836,61 @@ def own_state(engine: MockEngine) -> tuple[object, ...]:
     )
 
 
+async def drive_twins(
+    requests: list[RequestSpec],
+    twins: tuple[MockEngine, MockEngine],
+    jump: Callable[[float], Awaitable[int]],
+) -> None:
+    """Drive twin engines without a sink alike: each arrival submitted to both once the
+    second's clock reaches it, ``jump(until)`` (the next arrival) until it takes no
+    step, then a step of each; after each step both show the same manager, stats,
+    report and records."""
+    first, second = twins
+    nothing = EventCollector()
+    arrivals = deque(requests)
+    while arrivals or second.has_work:
+        until = arrivals[0].arrival_s if arrivals else math.inf
+        if arrivals and (not second.has_work or until <= second.clock):
+            spec = arrivals.popleft()
+            for engine in twins:
+                engine.advance_to(spec.arrival_s)
+                await engine.submit(spec, spec.arrival_s)
+            continue
+        while await jump(until):
+            pass
+        if second.has_work and second.clock < until:
+            await first.step()
+            await second.step()
+            assert await snapshot(first, nothing) == await snapshot(second, nothing)
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=workloads(), config=configs())
 def test_a_carried_jump_lands_with_the_next_step_as_if_sent_alone(
     requests: list[RequestSpec], config: EngineConfig
 ) -> None:
-    """Twin engines without a sink, driven alike (arrivals submitted, jumps taken as far
-    as they go, then a step): one jumps with ``carry``, the other without. After each
-    jump they keep the same state of their own; after each step (which lands a carried
-    jump) and at the end they show the same manager, stats, report and records, and the
-    carrier never made more KV calls."""
+    """Twin engines (`drive_twins`): one jumps with ``carry``, the other without. After
+    each jump they keep the same state of their own; after each step (which lands a
+    carried jump) and at the end they show the same manager, stats, report and records,
+    and the carrier never made more KV calls."""
     carrier, carrier_kv = counted_engine(config)
     plain, plain_kv = counted_engine(config)
-    nothing = EventCollector()
     carried = 0
 
-    async def main() -> None:
+    async def jump(until: float) -> int:
         nonlocal carried
-        arrivals = deque(requests)
-        while arrivals or plain.has_work:
-            until = arrivals[0].arrival_s if arrivals else math.inf
-            if arrivals and (not plain.has_work or until <= plain.clock):
-                spec = arrivals.popleft()
-                for engine in (carrier, plain):
-                    engine.advance_to(spec.arrival_s)
-                    await engine.submit(spec, spec.arrival_s)
-                continue
-            while True:
-                calls = (carrier_kv.calls, plain_kv.calls)
-                taken = await carrier.fast_forward(until, carry=True)
-                assert await plain.fast_forward(until) == taken
-                # a call the plain jump made and the carrier's did not (yet)
-                carried += carrier_kv.calls - calls[0] < plain_kv.calls - calls[1]
-                assert own_state(carrier) == own_state(plain)
-                if not taken:
-                    break
-            if plain.has_work and plain.clock < until:
-                await carrier.step()
-                await plain.step()
-                assert await snapshot(carrier, nothing) == await snapshot(plain, nothing)
+        calls = (carrier_kv.calls, plain_kv.calls)
+        taken = await carrier.fast_forward(until, carry=True)
+        assert await plain.fast_forward(until) == taken
+        # a call the plain jump made and the carrier's did not (yet)
+        carried += carrier_kv.calls - calls[0] < plain_kv.calls - calls[1]
+        assert own_state(carrier) == own_state(plain)
+        return taken
+
+    async def main() -> None:
+        await drive_twins(requests, (carrier, plain), jump)
         await carrier.settle()
+        nothing = EventCollector()
         assert await snapshot(carrier, nothing) == await snapshot(plain, nothing)
         assert carrier_kv.calls <= plain_kv.calls
 
@@ -888,45 +903,33 @@ def test_a_carried_jump_lands_with_the_next_step_as_if_sent_alone(
 def test_a_chain_of_jumps_is_the_steps_it_takes(
     requests: list[RequestSpec], config: EngineConfig
 ) -> None:
-    """Twin engines without a sink, driven alike: one jumps with ``chain`` (a finishing
-    jump goes on past its finish, jump after jump, in one KV call), the other steps one
-    step at a time as many steps. After each chain they show the same state, manager,
-    stats, report and records, and a call that finished requests at several steps (a
-    chain of jumps) made one KV call."""
+    """Twin engines (`drive_twins`): one jumps with ``chain`` (a finishing jump goes on
+    past its finish, jump after jump, in one KV call), the other steps one step at a
+    time as many steps. After each chain they show the same state, manager, stats,
+    report and records, and a call that finished requests at several steps (a chain of
+    jumps) made one KV call."""
     chainer, chainer_kv = counted_engine(config)
     plain, _ = counted_engine(config)
     nothing = EventCollector()
     chained = 0
 
-    async def main() -> None:
+    async def jump(until: float) -> int:
         nonlocal chained
-        arrivals = deque(requests)
-        while arrivals or plain.has_work:
-            until = arrivals[0].arrival_s if arrivals else math.inf
-            if arrivals and (not plain.has_work or until <= plain.clock):
-                spec = arrivals.popleft()
-                for engine in (chainer, plain):
-                    engine.advance_to(spec.arrival_s)
-                    await engine.submit(spec, spec.arrival_s)
-                continue
-            while True:
-                calls = chainer_kv.calls
-                finished = len(chainer.stats.requests)
-                taken = await chainer.fast_forward(until, chain=True)
-                calls = chainer_kv.calls - calls
-                for _ in range(taken):
-                    await plain.step()
-                assert await snapshot(chainer, nothing) == await snapshot(plain, nothing)
-                # requests finished at several step ends in one call: a chain
-                if len({r.finish_s for r in chainer.stats.requests[finished:]}) > 1:
-                    chained += 1
-                    assert calls == 1
-                if not taken:
-                    break
-            if plain.has_work and plain.clock < until:
-                await chainer.step()
-                await plain.step()
-                assert await snapshot(chainer, nothing) == await snapshot(plain, nothing)
+        calls = chainer_kv.calls
+        finished = len(chainer.stats.requests)
+        taken = await chainer.fast_forward(until, chain=True)
+        calls = chainer_kv.calls - calls
+        for _ in range(taken):
+            await plain.step()
+        assert await snapshot(chainer, nothing) == await snapshot(plain, nothing)
+        # requests finished at several step ends in one call: a chain
+        if len({r.finish_s for r in chainer.stats.requests[finished:]}) > 1:
+            chained += 1
+            assert calls == 1
+        return taken
+
+    async def main() -> None:
+        await drive_twins(requests, (chainer, plain), jump)
         assert await snapshot(chainer, nothing) == await snapshot(plain, nothing)
 
     anyio.run(main, backend="asyncio")
