@@ -99,7 +99,12 @@ from mypy_extensions import mypyc_attr
 
 from kvpool.engine.admission import rejection_reason
 from kvpool.engine.config import EngineConfig
-from kvpool.engine.execution import apply_groups, apply_jump, apply_step, first_sample
+from kvpool.engine.execution import (
+    apply_groups,
+    apply_jump,
+    apply_step,
+    samples_first,
+)
 from kvpool.engine.fast_forward import (
     DecodeJump,
     chain_run,
@@ -743,21 +748,33 @@ class MockEngine:
         plans = chain.plans
         bounds = chain.bounds
         outcomes = result.outcomes
+        # Its samples, recorded at once at the end: a chain admits nobody, so the prefix
+        # counters every sample carries are those before it (checked).
+        queries = stats.prefix_query_tokens
+        hits = stats.prefix_hit_tokens
+        samples: tuple[list[float], list[float]] = ([], [])
+        times, usages = samples
         first = 0  # the chain's first group of each jump
         active = bounds[0]  # the true count before each jump
         for j in range(len(plans)):
             plan = plans[j]
             shift = bounds[j] - active
-            first_sample(plan, stats, active, capacity)
-            held = self._apply_groups(plan, result.run, first, shift)
+            if samples_first(plan):
+                times.append(plan.first_end)
+                usages.append(active / capacity)
+            held = self._apply_groups(plan, result.run, first, shift, samples)
             first += len(plan.step_ends)
             if plan.finished:
                 outcome = outcomes[j]
                 self._read_outcome(None, outcome)
-                self._end_step(held + outcome.events if held else outcome.events, plan.clock)
+                events = held + outcome.events if held else outcome.events
+                self._end_step(events, plan.clock, samples)
                 active = outcome.usage.num_active
             else:
                 active = plan.active - shift
+        if stats.prefix_query_tokens != queries or stats.prefix_hit_tokens != hits:
+            raise RuntimeError(f"a chain of jumps moved the prefix counters: {self!r}")
+        stats.record_samples(times, usages, queries, hits)
         self._num_active = active
 
     def _check_chain(
@@ -869,14 +886,20 @@ class MockEngine:
         self._num_active = plan.active
 
     def _apply_groups(
-        self, plan: DecodeJump, result: RunAllocations | None, first: int = 0, shift: int = 0
+        self,
+        plan: DecodeJump,
+        result: RunAllocations | None,
+        first: int = 0,
+        shift: int = 0,
+        samples: tuple[list[float], list[float]] | None = None,
     ) -> list[KVEvent]:
         """Apply what the jump ``plan``'s allocations returned (`apply_groups`, the plan's
-        groups from ``first`` on, its active counts ``shift`` too high) and publish each
-        step's batch, stamped with that step's end; return a finishing jump's last step's
-        events, which `_finish_jump` batches."""
+        groups from ``first`` on, its active counts ``shift`` too high, its samples
+        gathered in ``samples`` if given) and publish each step's batch, stamped with that
+        step's end; return a finishing jump's last step's events, which `_finish_jump`
+        batches."""
         batches, held = apply_groups(
-            plan, result, self.stats, self.config.num_gpu_blocks, first, shift
+            plan, result, self.stats, self.config.num_gpu_blocks, first, shift, samples
         )
         sink = self.sink
         if sink is not None:
@@ -921,9 +944,15 @@ class MockEngine:
         self._num_active = outcome.usage.num_active
         read_counters(self.stats, outcome.stats)
 
-    def _end_step(self, events: list[KVEvent], now: float) -> None:
+    def _end_step(
+        self,
+        events: list[KVEvent],
+        now: float,
+        samples: tuple[list[float], list[float]] | None = None,
+    ) -> None:
         """A step's end at ``now``: its batch of ``events`` to the sink, if the step told
-        a router something, and its usage sample."""
+        a router something, and its usage sample (gathered in ``samples`` if given, for
+        the caller to record)."""
         stats = self.stats
         if close_batch(stats) and events and self.sink is not None:
             self.sink.publish(
@@ -933,12 +962,12 @@ class MockEngine:
                     data_parallel_rank=self.rank,
                 )
             )
-        stats.record_sample(
-            now,
-            self._num_active / self.config.num_gpu_blocks,
-            stats.prefix_query_tokens,
-            stats.prefix_hit_tokens,
-        )
+        usage = self._num_active / self.config.num_gpu_blocks
+        if samples is not None:
+            samples[0].append(now)
+            samples[1].append(usage)
+            return
+        stats.record_sample(now, usage, stats.prefix_query_tokens, stats.prefix_hit_tokens)
 
     async def run_until_idle(self) -> None:
         """Step until every submitted request has finished."""

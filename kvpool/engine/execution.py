@@ -100,7 +100,7 @@ def apply_jump(
     blocks before it of ``capacity``: their blocks and counts, the clock's stats (steps,
     tokens, gaps, busy time) and (``sample``) the first step's usage sample
     (`first_sample`: a chain of jumps, whose later jumps' ``active`` the manager's frees
-    decide, records it once they are known); what its allocations
+    decide, records it once they are known, `samples_first`); what its allocations
     returned is applied by `apply_groups` (at once, or when a later call that carried
     them returns). The caller sets the clock (``plan.clock``) and the active count
     (``plan.active``).
@@ -138,11 +138,17 @@ def apply_jump(
 
 def first_sample(plan: DecodeJump, stats: EngineStats, active: int, capacity: int) -> None:
     """The usage sample of a jump's first step, ``active`` blocks of ``capacity`` before
-    it, unless a group (`apply_groups`) or the free after a finishing step samples it."""
-    if (not plan.step_ends or plan.group_steps[0]) and _last_sampled(plan) > 0:
+    it, if it has one (`samples_first`)."""
+    if samples_first(plan):
         stats.record_sample(
             plan.first_end, active / capacity, stats.prefix_query_tokens, stats.prefix_hit_tokens
         )
+
+
+def samples_first(plan: DecodeJump) -> bool:
+    """Whether a jump's first step has a usage sample of its own: not when a group
+    (`apply_groups`) or the free after a finishing step samples it."""
+    return (not plan.step_ends or plan.group_steps[0] > 0) and _last_sampled(plan) > 0
 
 
 def _last_sampled(plan: DecodeJump) -> int:
@@ -158,17 +164,20 @@ def apply_groups(
     capacity: int,
     first: int = 0,
     shift: int = 0,
+    samples: tuple[list[float], list[float]] | None = None,
 ) -> tuple[list[tuple[float, list[KVEvent]]], list[KVEvent]]:
-    """Apply what a jump's allocations returned (``result``, whose groups from ``first``
-    on are the plan's: a chain's holds every jump's; None if it planned none; a
-    result may go on past the plan's groups: a jump cut short applies its first groups;
-    ``shift``: how many blocks the plan's active counts overstate, a chain's frees
-    before it)
-    once `apply_jump` applied the jump: each group's counters, batch count and usage
-    sample. Returns each step's events that are not empty with the clock at that step's
-    end, for the caller to publish as one batch each, and the events of a finishing
-    jump's last step. Nothing else records a sample in between, so the samples stay in
-    the clock's order however late the result comes."""
+    """Apply what a jump's allocations returned once `apply_jump` applied the jump: each
+    group's counters, batch count and usage sample. Returns each step's events that are
+    not empty with the clock at that step's end, for the caller to publish as one batch
+    each, and the events of a finishing jump's last step. Nothing else records a sample
+    in between, so the samples stay in the clock's order however late the result comes.
+
+    ``result``'s groups from ``first`` on are the plan's (a chain's holds every jump's);
+    it is None if the plan has no group, and may go on past the plan's groups (a jump
+    cut short applies its first groups). ``shift``: how many blocks the plan's active
+    counts overstate (a chain's frees before it). With ``samples``, the samples' times
+    and usages are appended there, for the caller to record with the prefix counters
+    (which a stretch leaves as they are)."""
     groups = len(plan.step_ends)
     batches: list[tuple[float, list[KVEvent]]] = []
     held: list[KVEvent] = []
@@ -189,8 +198,7 @@ def apply_groups(
         pending += 1
     # each group's usage sample, recorded together after the loop (nothing in it reads
     # the samples): one array extension each, not four appends a group
-    times: list[float] = []
-    usages: list[float] = []
+    times, usages = ([], []) if samples is None else samples
     group_ends = plan.group_ends
     group_steps = plan.group_steps
     group_active = plan.group_active
@@ -212,7 +220,8 @@ def apply_groups(
             times.append(end)
             usages.append(after / capacity)
             last_active = after
-    stats.record_samples(times, usages, queries, hits)
+    if samples is None:
+        stats.record_samples(times, usages, queries, hits)
     return batches, held
 
 
