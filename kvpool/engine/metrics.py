@@ -119,8 +119,9 @@ class EngineStats:
         kept = len(kept_times)
         self.sample_times.fromlist(kept_times)
         values.fromlist(kept_usages)
-        self.query_samples.fromlist([queries] * kept)
-        self.hit_samples.fromlist([hits] * kept)
+        # the counters repeated as arrays: copied whole, not converted item by item
+        self.query_samples.extend(array("q", (queries,)) * kept)
+        self.hit_samples.extend(array("q", (hits,)) * kept)
 
     def record_itl(self, gap: float, count: int = 1) -> None:
         """Count ``count`` inter-token gaps of ``gap`` seconds."""
