@@ -936,6 +936,42 @@ def test_a_chain_of_jumps_is_the_steps_it_takes(
     event(f"chains: {min(chained, 3)}")
 
 
+@pytest.mark.parametrize(("blocks", "jumps"), [(6, [4, 7]), (20, [11])])
+def test_a_chain_its_bound_cuts_short_goes_on_with_the_next_call(
+    blocks: int, jumps: list[int]
+) -> None:
+    """A chain plans the jumps after a finish from the active count before the frees (an
+    upper bound until the manager answers). In a full pool "b"'s growth after "a"
+    finishes does not fit under it: the chain ends there (after a step that fits) and
+    the next call goes on with the true count. With room, one call runs to the end.
+    Either way each call is one KV call, and stepping gives the same state."""
+    config = EngineConfig(
+        num_gpu_blocks=blocks, block_size=4, timing=STEP, enable_kv_cache_events=False
+    )
+    chainer, kv = counted_engine(config)
+    plain, _ = counted_engine(config)
+    nothing = EventCollector()
+
+    async def main() -> None:
+        for engine in (chainer, plain):
+            await engine.submit(one("a", 8, 4), 0.0)
+            await engine.submit(one("b", 8, 12), 0.0)
+            await engine.step()  # both prefill
+        taken = []
+        while chainer.has_work:
+            calls = kv.calls
+            steps = await chainer.fast_forward(math.inf, chain=True)
+            assert steps
+            assert kv.calls - calls == 1
+            taken.append(steps)
+            for _ in range(steps):
+                await plain.step()
+            assert await snapshot(chainer, nothing) == await snapshot(plain, nothing)
+        assert taken == jumps
+
+    anyio.run(main, backend="asyncio")
+
+
 # ------------------------------------------------------------------ targeted boundaries
 
 
