@@ -699,7 +699,7 @@ class MockEngine:
         self._plan_chain(chain, plan, until)
         self._remember_cost(None, None)  # the cache changes with the chain
         result = await self.kv.finish_chain(chain.message(self.config))
-        self._check_chain(chain.plans, chain.bounds, result)
+        self._check_chain(chain, result)
         self._apply_chain(chain, result)
         return chain.steps
 
@@ -777,11 +777,11 @@ class MockEngine:
         stats.record_samples(times, usages, queries, hits)
         self._num_active = active
 
-    def _check_chain(
-        self, plans: list[DecodeJump], bounds: list[int], result: ChainAllocations
-    ) -> None:
-        """Check a chain's ``result`` against its jumps' ``plans`` (`_take_chain`): every
+    def _check_chain(self, chain: _Chain, result: ChainAllocations) -> None:
+        """Check a chain's ``result`` against its jumps' plans (`_take_chain`): every
         slot fit, every free was made, and the blocks given are the jumps' growth."""
+        plans = chain.plans
+        bounds = chain.bounds
         slots = 0
         for plan in plans:
             if plan.step_ends:

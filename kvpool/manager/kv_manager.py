@@ -61,6 +61,7 @@ from kvpool.hashing.run_keys import RunKeyer, RunMemo
 from kvpool.hashing.runs import TokenRuns
 from kvpool.manager.admission import admit_blocks
 from kvpool.manager.request import RequestState
+from kvpool.manager.run_slots import last_in, slots_in
 from kvpool.manager.types import (
     AdmissionGate,
     Allocation,
@@ -880,8 +881,8 @@ class KvManager:
             highs.append(high)
             grow = run.grows[i]
             fill = run.fills[i]
-            slots += _slots_in(grow, fill, high, bs)
-            last = max(_last_in(grow, 0, high, bs), _last_in(fill, 0, high, bs))
+            slots += slots_in(grow, fill, high, bs)
+            last = max(last_in(grow, 0, high, bs), last_in(fill, 0, high, bs))
             now = run.targets[i] + last
             need = -(-now // bs)
             if need > states[i].num_blocks:
@@ -2059,27 +2060,6 @@ class _SlotWalk:
         for i in self.touched:
             self.grown[i] = 0
         self.touched = []
-
-
-def _last_in(first: int, low: int, high: int, block_size: int) -> int:
-    """The last step in ``[low, high]`` of the progression ``first``, ``first +
-    block_size``, ... (-1: none, or ``first`` is -1)."""
-    if first < 0 or high < first or high < low:
-        return -1
-    last = first + (high - first) // block_size * block_size
-    return last if last >= low else -1
-
-
-def _slots_in(grow: int, fill: int, high: int, block_size: int) -> int:
-    """A request's slots up to step ``high``: its growths' and fills' progressions, a
-    step in both counted once."""
-    total = 0
-    for first in (grow, fill):
-        if 0 <= first <= high:
-            total += (high - first) // block_size + 1
-    if 0 <= grow <= high and 0 <= fill <= high and grow % block_size == fill % block_size:
-        total -= (high - max(grow, fill)) // block_size + 1
-    return total
 
 
 def _require(condition: bool, message: str) -> None:

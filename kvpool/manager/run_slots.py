@@ -91,7 +91,7 @@ def gather(
     return joined, removed
 
 
-def _first_at(start: int, low: int, high: int, block_size: int) -> int:
+def first_at(start: int, low: int, high: int, block_size: int) -> int:
     """The first step in ``[low, high]`` of the progression ``start``, ``start +
     block_size``, ... (-1: none, or ``start`` is -1)."""
     if start < 0 or start > high:
@@ -101,9 +101,25 @@ def _first_at(start: int, low: int, high: int, block_size: int) -> int:
     return start if start <= high else -1
 
 
-def _last_of(first: int, high: int, block_size: int) -> int:
-    """The last step up to ``high`` of the progression from ``first`` (-1: none)."""
-    return -1 if first < 0 else first + (high - first) // block_size * block_size
+def last_in(first: int, low: int, high: int, block_size: int) -> int:
+    """The last step in ``[low, high]`` of the progression ``first``, ``first +
+    block_size``, ... (-1: none, or ``first`` is -1)."""
+    if first < 0 or high < first or high < low:
+        return -1
+    last = first + (high - first) // block_size * block_size
+    return last if last >= low else -1
+
+
+def slots_in(grow: int, fill: int, high: int, block_size: int) -> int:
+    """A request's slots up to step ``high``: its growths' and fills' progressions, a
+    step in both counted once."""
+    total = 0
+    for first in (grow, fill):
+        if 0 <= first <= high:
+            total += (high - first) // block_size + 1
+    if 0 <= grow <= high and 0 <= fill <= high and grow % block_size == fill % block_size:
+        total -= (high - max(grow, fill)) // block_size + 1
+    return total
 
 
 def split_chain(
@@ -132,7 +148,7 @@ def split_chain(
     for i in range(count):
         end = -1
         for start in (grows[i], fills[i]):
-            end = max(end, _last_of(_first_at(start, 0, cut[i], block_size), cut[i], block_size))
+            end = max(end, last_in(start, 0, cut[i], block_size))
         last.append(end)
     bounds = [(leaves[j - 1] + 1 if j else 0, leaves[j], frees[j]) for j in range(len(leaves))]
     if not leaves or leaves[-1] < steps - 1:
@@ -147,11 +163,11 @@ def split_chain(
         firsts_fill: list[int] = []
         for i in range(count):
             top = min(high, cut[i])
-            grow = _first_at(grows[i], low, top, block_size)
-            fill = _first_at(fills[i], low, top, block_size)
+            grow = first_at(grows[i], low, top, block_size)
+            fill = first_at(fills[i], low, top, block_size)
             if grow < 0 and fill < 0:
                 continue
-            end = max(_last_of(grow, top, block_size), _last_of(fill, top, block_size))
+            end = max(last_in(grow, low, top, block_size), last_in(fill, low, top, block_size))
             upto = len(new_tokens[i]) - (last[i] - end)  # heard through its last slot here
             ids.append(request_ids[i])
             tokens.append(new_tokens[i][heard[i] : upto])
