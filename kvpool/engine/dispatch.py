@@ -87,6 +87,10 @@ def make_policy(policy: str | DispatchPolicy) -> DispatchPolicy:
 class Dispatcher(Protocol):
     """A policy bound to a fleet of engines (see the module docstring)."""
 
+    reads_usage: bool
+    """Whether ``choose`` reads the engines' active blocks (`WorkerLoad`): the loop
+    makes them exact first (`MockEngine.settle_usage`)."""
+
     def choose(self, spec: RequestSpec, now: float) -> int:
         """The index of the engine ``spec``, arriving at ``now``, goes to."""
         ...
@@ -133,6 +137,8 @@ class _LoadHeap:
     Built at its first use, so the loads the engines had before the loop started count.
     """
 
+    reads_usage = False
+
     def __init__(self, engines: Sequence[MockEngine]) -> None:
         self._engines = engines
         self._heap: list[tuple[int, int]] | None = None
@@ -167,6 +173,8 @@ class _LoadHeap:
 
 class _Cycle:
     """`RoundRobin` over ``size`` engines."""
+
+    reads_usage = False
 
     def __init__(self, size: int) -> None:
         self._size = size
@@ -207,6 +215,8 @@ class _Tap:
 
 class RoutedDispatch:
     """Routes the engines' requests with a router ``policy`` (see the module docstring)."""
+
+    reads_usage = True
 
     def __init__(
         self, policy: DispatchPolicy, engines: Sequence[MockEngine], *, event_delay_s: float

@@ -289,8 +289,11 @@ class MockEngine:
         # A jump taken with ``carry`` whose allocations ride on the next KV call (a
         # step's `KvClient.schedule`, or `settle` before any other): its plan and the
         # active blocks before it. Its requests, clock and active count moved with the
-        # jump; its counters, batch counts and group samples move when it lands.
-        self._carried: tuple[DecodeJump, int] | None = None
+        # jump; its counters, batch counts and group samples move when it lands. Or a
+        # chain of jumps (`_take_chain`), whose frees the active count leaves out until
+        # it lands: an upper bound until then, which the schedule's gate is counted
+        # from (the manager adds what the frees released) and nothing else reads.
+        self._carried: tuple[DecodeJump, int] | _Chain | None = None
         # The queue head's cost as the last KV call that changed the cache answered it
         # (a probe), or None: a jump that watches the head needs no query of its own.
         self._head_cost: tuple[str, PrefillCost] | None = None
@@ -329,8 +332,17 @@ class MockEngine:
 
         The admission check reads it instead of asking the pool: it is re-read from the
         pool after every step and kept exact within a step from each allocation's effect.
+        While a chain of jumps is carried (`fast_forward`'s ``carry``) it counts the
+        blocks of the requests the chain frees until the next KV call: `settle_usage`
+        makes it exact first.
         """
         return self._num_active
+
+    async def settle_usage(self) -> None:
+        """`settle` a carried chain of jumps, if one waits, so that `num_active_blocks`
+        is exact (a carried jump leaves it exact: it has no free)."""
+        if isinstance(self._carried, _Chain):
+            await self.settle()
 
     def advance_to(self, when: float) -> None:
         """Move an idle engine's clock forward to ``when`` (a busy clock only moves by steps)."""
@@ -536,6 +548,13 @@ class MockEngine:
         whoever finishes: `EngineLoop` passes it for a source that is not reactive), a
         finishing jump goes on past its finishing step as the next call would, jump
         after jump, while nobody waits and until a jump finishes nobody: `_take_chain`.
+        With ``carry`` too (and prefix caching), the chain's call rides on the next
+        step's schedule as a jump's does (a `ScheduleAfterChain`): a chain to an
+        arrival costs no call of its own either. Until it lands the active count
+        includes the blocks of the requests it freed (the manager says which a free
+        releases), so the schedule's gate is counted from that bound and the manager
+        adds what the frees released; anything else that reads the count settles the
+        chain first (`settle_usage`).
         """
         running = self.running
         clock = self.clock
@@ -550,6 +569,10 @@ class MockEngine:
             return 0  # not every running request is scheduled
         waiting = self.waiting
         admits = waiting and budget > 0 and n < config.max_num_seqs
+        if admits and caching and not waiting[0].registered:
+            return 0  # a step asks the head's cost, and admits it if it may, in one call
+        if isinstance(self._carried, _Chain):
+            await self.settle()  # what follows reads the active count: the frees' too
         if cross_boundaries:
             # With nobody waiting, a request's last token ends the jump, not the step
             # before it: finishing changes no admission, and the free is the one call
@@ -569,8 +592,6 @@ class MockEngine:
                 # blocks the next step's growth takes, and (prefix caching) at a cost
                 # the jump watches, stopping at the step that changes it.
                 head = waiting[0]
-                if caching and not head.registered:
-                    return 0  # a step asks its cost, and admits it if it may, in one call
                 cost = await self._cost_now(head)
                 if self._admission(head, budget, cost, growing) is not None:
                     return 0  # the next step admits the head of the queue
@@ -578,15 +599,13 @@ class MockEngine:
             if not plan.taken:
                 return 0
             if plan.finished and chain and self.sink is None and not self._decode_usage_matters:
-                return self._jumped(await self._take_chain(plan, until))
+                return self._jumped(await self._take_chain(plan, until, carry and caching))
             return self._jumped(await self._take_jump(plan, until, head, cost, carry))
         plan = self._plan_jump(until, _UNBOUNDED, cross_boundaries=False)
         if not plan.taken:
             return 0
         if admits:
             head = waiting[0]
-            if caching and not head.registered:
-                return 0  # a step asks its cost, and admits it if it may, in one call
             if self._admission(head, budget, await self._cost_now(head)) is not None:
                 return 0  # the next step admits the head of the queue
         return self._jumped(await self._take_jump(plan, until, None, None, carry))
@@ -676,7 +695,7 @@ class MockEngine:
         await self._execute(scheduled)
         return before.taken + 1
 
-    async def _take_chain(self, plan: DecodeJump, until: float) -> int:
+    async def _take_chain(self, plan: DecodeJump, until: float, carry: bool) -> int:
         """Take the finishing jump ``plan`` and the jumps that follow it while each one
         finishes requests (nobody waits, and `fast_forward`'s ``chain`` says nobody
         arrives before ``until``), and the one after the last if it takes a step, as
@@ -692,15 +711,16 @@ class MockEngine:
         the next call goes on with the true count. Usage samples, counters and batches
         wait for the answer (nothing records one in between) and are then recorded in
         the order single jumps record them, with the true counts: the timing model
-        does not read the usage (the caller checks), so no duration depends on them."""
+        does not read the usage (the caller checks), so no duration depends on them.
+        With ``carry`` the call is left to ride on the next one (`fast_forward`)."""
         if self._carried is not None:
             await self.settle()
         chain = _Chain(self.running)
         self._plan_chain(chain, plan, until)
         self._remember_cost(None, None)  # the cache changes with the chain
-        result = await self.kv.finish_chain(chain.message(self.config))
-        self._check_chain(chain, result)
-        self._apply_chain(chain, result)
+        self._carried = chain
+        if not carry:
+            await self.settle()
         return chain.steps
 
     def _plan_chain(self, chain: _Chain, plan: DecodeJump, until: float) -> None:
@@ -850,20 +870,34 @@ class MockEngine:
         hot paths (a step's end, a jump, an allocation) test ``_carried`` before they
         await it, since awaiting even a coroutine that does nothing builds one."""
         carried = self._carried
-        if carried is not None:
+        if isinstance(carried, _Chain):
+            try:
+                result = await self.kv.finish_chain(carried.message(self.config))
+            except BaseException:
+                self._carried = None  # a give-back: see `_schedule_call`
+                raise
+            self._land(result)
+        elif carried is not None:
             run = carried[0].run
             assert run is not None  # only a jump with allocations is carried
             self._land(await self.kv.allocate_run(run))
 
-    def _land(self, result: RunAllocations | None) -> None:
-        """A carried jump's allocations came back (``result``, from the call that
-        carried them): check them against the plan and apply what they return
-        (`apply_groups`)."""
+    def _land(self, result: RunAllocations | ChainAllocations | None) -> None:
+        """A carried jump's (or chain's) allocations came back (``result``, from the
+        call that carried them): check them against the plan and apply what they
+        return (`apply_groups`; a chain's `_apply_chain`)."""
         carried = self._carried
         if carried is None:
             return
+        if isinstance(carried, _Chain):
+            if type(result) is not ChainAllocations:
+                raise RuntimeError(f"a carried chain came back without its result: {self!r}")
+            self._carried = None
+            self._check_chain(carried, result)
+            self._apply_chain(carried, result)
+            return
         plan, before = carried
-        if result is None:
+        if type(result) is not RunAllocations:
             raise RuntimeError(f"a carried jump came back without its allocations: {self!r}")
         if self._check_run(plan, result, before) != len(plan.step_ends):
             raise RuntimeError(f"a carried jump's allocations stopped short: {self!r}")
@@ -1104,8 +1138,19 @@ class MockEngine:
         """The step's `KvClient.schedule` of ``slots`` and ``queue`` with ``budget``
         tokens left after the slots, carrying the carried jump if any: the jump landed,
         then the step's allocations taken in (`_took`)."""
-        carried = None if self._carried is None else self._carried[0].run
-        schedule = await self.kv.schedule(slots, queue, self._gate(budget), carried)
+        carried = self._carried
+        if isinstance(carried, _Chain):
+            message = carried.message(self.config)
+            try:
+                schedule = await self.kv.schedule(slots, queue, self._gate(budget), message)
+            except BaseException:
+                # A call carrying a chain is a give-back, made even if the caller leaves
+                # (`ScheduleAfterChain`): its frees cannot be sent twice.
+                self._carried = None
+                raise
+        else:
+            run = None if carried is None else carried[0].run
+            schedule = await self.kv.schedule(slots, queue, self._gate(budget), run)
         self._land(schedule.run)
         self._took(None, schedule.step)
         return schedule

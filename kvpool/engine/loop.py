@@ -104,7 +104,8 @@ class EngineLoop:
         """Take and step until the source has nothing more and no engine is busy, or
         the earliest busy clock reached ``cutoff``. Jumps carry their allocations to the
         engine's next KV call (`MockEngine.fast_forward`'s ``carry``: a jump to an
-        arrival costs no call of its own); the engines are settled when it stops.
+        arrival costs no call of its own, nor does a chain of jumps that finish
+        requests); the engines are settled when it stops.
         Cancellation stops it between two engine calls; the engines keep their partial
         state (a carried jump included, sent with their next KV call)."""
         engines = self.engines
@@ -157,9 +158,13 @@ class EngineLoop:
         """Send ``spec``, arriving at simulated ``when`` (None: at the chosen engine's
         clock), to the engine the dispatcher chooses (an idle one's clock jumps to
         ``when``); return its index and whether it accepted ``spec`` (if not, the
-        dispatcher is told it settled)."""
+        dispatcher is told it settled). A dispatcher that reads the engines' active
+        blocks reads them exact (`MockEngine.settle_usage`)."""
         dispatcher = self.dispatcher
         now = when if when is not None else max(engine.clock for engine in self.engines)
+        if dispatcher.reads_usage:
+            for busy in self.engines:
+                await busy.settle_usage()
         index = dispatcher.choose(spec, now)
         engine = self.engines[index]
         if when is not None:

@@ -69,7 +69,7 @@ class KvManager:
         slots: Sequence[SlotRequest],
         queue: list[QueuedRequest],
         gate: AdmissionGate,
-        run: DecodeRun | None = None,
+        run: DecodeRun | DecodeChain | None = None,
     ) -> StepSchedule: ...
     def allocate_step(
         self, slots: Sequence[SlotRequest], probe: str | None = None

@@ -161,11 +161,17 @@ class ManagerClient:
         slots: list[SlotRequest],
         queue: list[QueuedRequest],
         gate: AdmissionGate,
-        run: DecodeRun | None = None,
+        run: DecodeRun | DecodeChain | None = None,
     ) -> StepSchedule:
-        """`KvManager.schedule`: a carried decode run, a step's running slots and its
-        admissions in one call."""
-        reply: StepSchedule = await self._call(messages.ScheduleStep(slots, queue, gate, run))
+        """`KvManager.schedule`: a carried decode run (or chain), a step's running slots
+        and its admissions in one call (a chain's is a `ScheduleAfterChain`: a
+        give-back, made even if the caller leaves)."""
+        message: messages.ScheduleStep | messages.ScheduleAfterChain
+        if isinstance(run, DecodeChain):
+            message = messages.ScheduleAfterChain(run, slots, queue, gate)
+        else:
+            message = messages.ScheduleStep(slots, queue, gate, run)
+        reply: StepSchedule = await self._call(message)
         return reply
 
     async def allocate(

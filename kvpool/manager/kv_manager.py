@@ -372,14 +372,21 @@ class KvManager:
         With ``run`` (a `DecodeRun`), `allocate_run` of it (no probe) comes first, in
         the same call, and its result is the outcome's ``run``: the decode steps an
         engine jumped over up to this step ride on the step's call (`MockEngine`'s
-        carried jump), so a jump to an arrival costs no call of its own.
+        carried jump), so a jump to an arrival costs no call of its own. ``run`` may
+        also be a `DecodeChain` (a carried chain of jumps that finished requests):
+        `finish_chain` of it comes first then, and the gate's headroom is taken as
+        counted before its frees, the blocks they released (the pool's active count
+        before the chain plus its growth, less the count after it) added to it: the
+        engine cannot count those until the manager answers.
 
-        Checked before anything changes: the run as `allocate_run` checks it, and that
-        it fits whole (its growths within the free and evictable blocks); the slots as
+        Checked before anything changes: the run as `allocate_run` checks it (a chain
+        as `finish_chain` does), and that it fits whole (its growths within the free
+        and evictable blocks, a chain's frees not counted); the slots as
         `allocate_steps` checks them (a request's new tokens in the run counted as heard
-        before them); each queued request registered (no prompt; holding no block: a
-        queued request is new or preempted) or new (a prompt: as `add_request` checks
-        it), named once and not among the slots, and its whole prompt within the pool
+        before them, and none freed by a chain); each queued request registered (no
+        prompt; holding no block: a queued request is new or preempted) or new (a
+        prompt: as `add_request` checks it), named once, not among the slots and not
+        freed by a chain, and its whole prompt within the pool
         (`CapacityError`: it could never run); the gate's fields. Raises `InvalidArgumentError`,
         `UnknownRequestError`, `DuplicateRequestError`, `CapacityError` or what
         `allocate_steps` raises.
@@ -410,21 +417,34 @@ class KvManager:
         chunked: bool = raw.chunked
         full_sequence: bool = raw.full_sequence
         ran: tuple[list[RequestState], list[array[int] | range], DecodeRun] | None = None
+        chained: DecodeChain | None = None
+        cuts: dict[str, int] = {}  # the requests a carried chain frees
         heard: dict[str, int] = {}
+        growth = 0
         if run is not None:
-            run_states, run_tokens, growth = self._check_run(run)
+            if type(run) is DecodeChain:
+                chained = run
+                run_states, run_tokens, growth, cuts = self._check_chain(run)
+                checked_run = chained.run
+            else:
+                run_states, run_tokens, growth = self._check_run(run)
+                checked_run = cast(DecodeRun, run)
             free = self._pool.capacity - self._pool.num_active()
             if growth > free:
                 raise InvalidArgumentError(
                     f"a carried run must fit whole: it grows tables by {growth} blocks, "
                     f"{free} are free or evictable"
                 )
-            checked_run = cast(DecodeRun, run)
             ran = (run_states, run_tokens, checked_run)
             for i in range(len(run_tokens)):  # all heard: every slot fits
                 heard[checked_run.request_ids[i]] = len(run_tokens[i])
         running_slots = cast("Sequence[SlotRequest]", slots)
         checked = self._check_step(running_slots, heard)
+        for slot in running_slots:
+            if slot.request_id in cuts:
+                raise InvalidArgumentError(
+                    f"request {slot.request_id!r} is freed by the step's chain"
+                )
         if type(queue) is not list:
             raise InvalidArgumentError(f"queue must be a list of QueuedRequest, got {queue!r:.200}")
         bs = self._block_size
@@ -443,6 +463,8 @@ class KvManager:
             if prompt is None:
                 registered = self._get(entry.request_id)
                 rid = cast(str, entry.request_id)  # `_get` found it: a registered str
+                if rid in cuts:
+                    raise InvalidArgumentError(f"request {rid!r} is freed by the step's chain")
                 if registered.num_blocks:
                     raise InvalidArgumentError(f"request {rid!r} holds blocks: it is not queued")
                 length = registered.num_tokens
@@ -458,7 +480,13 @@ class KvManager:
                     f"request {rid!r} needs {blocks} blocks; the pool holds {pool.capacity}"
                 )
             waiting.append((rid, registered, tokens))
-        run_result = None if ran is None else self._run_checked(*ran, None, -1, None)
+        run_result: RunAllocations | ChainAllocations | None = None
+        if chained is not None and ran is not None:
+            before = pool.num_active()
+            run_result = self._chain_checked(ran[0], ran[1], chained, cuts)
+            headroom += before + growth - pool.num_active()  # what its frees released
+        elif ran is not None:
+            run_result = self._run_checked(*ran, None, -1, None)
         active = pool.num_active()
         allocations = self._grow_step(checked)
         costs: list[PrefillCost] = []
@@ -787,6 +815,15 @@ class KvManager:
         one non-empty list of frees per leave, or a request freed twice, and
         `UnknownRequestError` for a request freed that is not registered.
         """
+        states, tokens, _, cuts = self._check_chain(chain)
+        return self._chain_checked(states, tokens, cast(DecodeChain, chain), cuts)
+
+    def _check_chain(
+        self, chain: object
+    ) -> tuple[list[RequestState], list[array[int] | range], int, dict[str, int]]:
+        """`finish_chain`'s checks of its chain, before anything changes: its run's
+        requests' states and new tokens and the blocks its tables grow by
+        (`_check_run`), and the step after which each request freed leaves."""
         if type(chain) is not DecodeChain:
             raise InvalidArgumentError(f"expected a DecodeChain, got {chain!r:.200}")
         raw: Any = chain  # read untyped until checked
@@ -820,7 +857,17 @@ class KvManager:
                 if request_id in cuts:
                     raise InvalidArgumentError(f"request {request_id!r} is freed twice")
                 cuts[request_id] = leave
-        states, tokens, _ = self._check_run(run, cuts)
+        states, tokens, growth = self._check_run(run, cuts)
+        return states, tokens, growth, cuts
+
+    def _chain_checked(
+        self,
+        states: list[RequestState],
+        tokens: list[array[int] | range],
+        chain: DecodeChain,
+        cuts: dict[str, int],
+    ) -> ChainAllocations:
+        """`finish_chain` of a chain `_check_chain` checked."""
         extended = False
         if not self._record_events:
             at_once = self._chain_at_once(states, tokens, chain, cuts)

@@ -57,6 +57,18 @@ class ScheduleStep(msgspec.Struct, frozen=True, gc=False, tag=True):
     run: DecodeRun | None = None
 
 
+class ScheduleAfterChain(msgspec.Struct, frozen=True, gc=False, tag=True):
+    """``KvManager.schedule`` carrying a ``chain`` of jumps that finished requests
+    (`ScheduleStep`'s ``run``, a `DecodeChain`): the chain, then the step's slots and
+    admissions, the gate's headroom counted before the chain's frees. A give-back, as
+    `FinishChain` is; the reply is a `StepSchedule`."""
+
+    chain: DecodeChain
+    slots: list[SlotRequest]
+    queue: list[QueuedRequest]
+    gate: AdmissionGate
+
+
 class AppendTokens(msgspec.Struct, frozen=True, gc=False, tag=True):
     """``KvManager.append_tokens``: decoded tokens join the request."""
 
@@ -195,6 +207,7 @@ ManagerRequest: TypeAlias = (
     | AppendTokens
     | AddRequest
     | ScheduleStep
+    | ScheduleAfterChain
     | FreeRequest
     | PreemptRequest
     | GetPrefillCost
@@ -324,6 +337,7 @@ __all__ = [
     "PreemptRequest",
     "PrefillCostReply",
     "RunFinished",
+    "ScheduleAfterChain",
     "ScheduleStep",
     "StepsReply",
     "StretchFinished",

@@ -16,14 +16,17 @@ What each kind does under cancellation (the contract: `kvpool.actors`):
 - `TakeEvents` and `TakeBatch` hand events out: undone by putting them back ahead of
   newer ones.
 - `TakeEvents`, `TakeBatch`, `FinishStep`, `FinishStretch`, `AllocateSteps`,
-  `ScheduleStep` and `AllocateStretch` are ``ordered``: the actor serves one only after
-  every earlier one's reply was read or undone, so putting events back never lands them behind newer
-  events another drainer already took.
+  `ScheduleStep`, `ScheduleAfterChain` and `AllocateStretch` are ``ordered``: the actor
+  serves one only after every earlier one's reply was read or undone, so putting
+  events back never lands them behind newer events another drainer already took.
 - `AddRequest`: undone by forgetting the request again while it holds no block.
 - `ScheduleStep` hands blocks and events out (and may register requests): each
   allocation undone as `AllocateSlots`'s, last first, the requests it registered
   forgotten again, then the run it carried (if any) undone as `AllocateRun`'s, and the
   events put back ahead of newer ones.
+- `ScheduleAfterChain` (a `ScheduleStep` carrying a chain) gives blocks back too: it runs
+  even if its caller left, as `FinishChain` does; an unread reply's step is undone as
+  `ScheduleStep`'s, then its chain's allocations as `FinishChain`'s.
 - `FreeRequest`, `PreemptRequest` and `FinishStep` give blocks back: they run even if
   their caller left; an unread `FinishStep` reply's events are put back.
 - `FinishStretch` gives blocks back too (its frees run even if its caller left) and
@@ -69,6 +72,7 @@ from kvpool.manager.messages import (
     PreemptRequest,
     PrefillCostReply,
     RunFinished,
+    ScheduleAfterChain,
     ScheduleStep,
     StepsReply,
     StretchFinished,
@@ -77,10 +81,13 @@ from kvpool.manager.messages import (
 )
 from kvpool.manager.types import (
     ChainAllocations,
+    DecodeChain,
     DecodeRun,
     DecodeStretch,
     PoolUsage,
+    QueuedRequest,
     RunAllocations,
+    SlotRequest,
     StepOutcome,
     StepSchedule,
     StretchAllocations,
@@ -150,20 +157,40 @@ class ManagerState:
     def undo_schedule(self, message: ScheduleStep, reply: StepSchedule) -> None:
         """The step's allocations last first, its registrations, then the carried run's
         (`_undo_run`), the events put back in the order they were drained."""
+        self._undo_step(message.slots, message.queue, reply)
+        carried = reply.run
+        if message.run is not None and type(carried) is RunAllocations:
+            self._undo_run(message.run, carried, reply.step.events)
+        else:
+            self.manager.restore_events(reply.step.events)
+
+    def schedule_after_chain(self, message: ScheduleAfterChain) -> StepSchedule:
+        return self.manager.schedule(message.slots, message.queue, message.gate, message.chain)
+
+    def undo_schedule_after_chain(self, message: ScheduleAfterChain, reply: StepSchedule) -> None:
+        """The step's allocations and registrations as `undo_schedule`'s, then the
+        chain's as `undo_finish_chain`'s (its frees stay made: a give-back), the events
+        put back in the order they were drained."""
+        self._undo_step(message.slots, message.queue, reply)
+        carried = reply.run
+        assert type(carried) is ChainAllocations  # the chain is made before the step
+        self._undo_chain(message.chain, carried, reply.step.events)
+
+    def _undo_step(
+        self, slots: list[SlotRequest], queue: list[QueuedRequest], reply: StepSchedule
+    ) -> None:
+        """Undo a scheduled step's allocations, last first, and forget the requests it
+        registered."""
         manager = self.manager
         allocations = reply.step.allocations
         fit = len(allocations) - len(reply.costs)  # the slots' allocations come first
-        ids = [slot.request_id for slot in message.slots[:fit]]
-        ids += [queued.request_id for queued in message.queue[: len(reply.costs)]]
+        ids = [slot.request_id for slot in slots[:fit]]
+        ids += [queued.request_id for queued in queue[: len(reply.costs)]]
         for request_id, allocation in reversed(list(zip(ids, allocations, strict=True))):
             manager.undo_allocation(request_id, allocation)
-        for queued in message.queue:
+        for queued in queue:
             if queued.prompt_token_ids is not None:
                 self._forget(queued.request_id)
-        if message.run is not None and reply.run is not None:
-            self._undo_run(message.run, reply.run, reply.step.events)
-        else:
-            manager.restore_events(reply.step.events)
 
     def allocate_stretch(self, message: AllocateStretch) -> StretchAllocations:
         return self.manager.allocate_stretch(
@@ -211,10 +238,16 @@ class ManagerState:
         return self.manager.finish_chain(message.chain)
 
     def undo_finish_chain(self, message: FinishChain, reply: ChainAllocations) -> None:
-        """Undo the chain's allocations (a freed request's are back already), then put
-        its events back in the order they were queued: each leave's after its groups'."""
+        self._undo_chain(message.chain, reply, [])
+
+    def _undo_chain(
+        self, chain: DecodeChain, reply: ChainAllocations, later: list[KVEvent]
+    ) -> None:
+        """Undo a chain's allocations (a freed request's are back already), then put its
+        events back in the order they were queued (each leave's after its groups'), and
+        ``later`` ones (drained after it) behind them."""
         manager = self.manager
-        run = message.chain.run
+        run = chain.run
         allocations = reply.run.allocations
         for i in range(len(allocations) - 1, -1, -1):
             manager.undo_allocation(run.request_ids[i], allocations[i])
@@ -228,7 +261,7 @@ class ManagerState:
             events.extend(outcome.events)
         for _, queued in group_events[pending:]:
             events.extend(queued)
-        manager.restore_events(events)
+        manager.restore_events(events + later if later else events)
 
     def _undo_run(self, run: DecodeRun, reply: RunAllocations, later: list[KVEvent]) -> None:
         """Undo a run's allocations, request by request, last first, then put its events
@@ -326,6 +359,14 @@ OPERATIONS: tuple[Operation[ManagerState, Any, Any], ...] = (
         StepSchedule,
         ManagerState.schedule,
         undo=ManagerState.undo_schedule,
+        ordered=True,
+    ),
+    Operation(
+        ScheduleAfterChain,
+        StepSchedule,
+        ManagerState.schedule_after_chain,
+        undo=ManagerState.undo_schedule_after_chain,
+        gives_back=True,
         ordered=True,
     ),
     Operation(

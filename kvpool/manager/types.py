@@ -178,12 +178,12 @@ class StepSchedule(msgspec.Struct, frozen=True, gc=False, tag=True):
     request; the events drained; the counters; and as ``cost`` the `PrefillCost` of the
     first queued request not admitted, asked after everything, when the step registered
     it or it was registered before; else None), ``costs``, each admitted request's
-    cost as asked before its allocation, and ``run``, the result of the run the call
-    carried (None if none), made before the step."""
+    cost as asked before its allocation, and ``run``, the result of the run or chain
+    the call carried (None if none), made before the step."""
 
     step: StepAllocations
     costs: list[PrefillCost]
-    run: RunAllocations | None = None
+    run: RunAllocations | ChainAllocations | None = None
 
 
 class DecodeStretch(msgspec.Struct, frozen=True, gc=False):

@@ -936,6 +936,83 @@ def test_a_chain_of_jumps_is_the_steps_it_takes(
     event(f"chains: {min(chained, 3)}")
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=workloads(), config=configs())
+def test_a_carried_chain_lands_with_the_next_step_as_if_sent_alone(
+    requests: list[RequestSpec], config: EngineConfig
+) -> None:
+    """Twin engines (`drive_twins`), both with ``chain``: one carries its calls, the other
+    does not. After each jump they keep the same state of their own, but for the active
+    count, which a carried chain leaves an upper bound (its frees not counted); after
+    each step (whose schedule lands a carried chain, the gate counted from that bound)
+    and at the end they show the same manager, stats, report and records, and the
+    carrier never made more KV calls."""
+    carrier, carrier_kv = counted_engine(config)
+    plain, plain_kv = counted_engine(config)
+    bounded = 0
+
+    async def jump(until: float) -> int:
+        nonlocal bounded
+        taken = await carrier.fast_forward(until, carry=True, chain=True)
+        assert await plain.fast_forward(until, chain=True) == taken
+        mine, theirs = own_state(carrier), own_state(plain)
+        assert mine[:3] + mine[4:] == theirs[:3] + theirs[4:]
+        assert carrier.num_active_blocks >= plain.num_active_blocks
+        bounded += carrier.num_active_blocks > plain.num_active_blocks  # frees uncounted
+        return taken
+
+    async def main() -> None:
+        await drive_twins(requests, (carrier, plain), jump)
+        await carrier.settle()
+        nothing = EventCollector()
+        assert await snapshot(carrier, nothing) == await snapshot(plain, nothing)
+        assert carrier_kv.calls <= plain_kv.calls
+
+    anyio.run(main, backend="asyncio")
+    event(f"chains carried with their frees uncounted: {min(bounded, 3)}")
+
+
+@pytest.mark.parametrize("blocks", [7, 9, 20])
+def test_a_chain_to_an_arrival_rides_on_its_admission(blocks: int) -> None:
+    """ "a" finishes in a chain that runs on to "c"'s arrival: the chain's call rides on
+    the step that admits "c" (one call for both), whose gate counts "a"'s blocks as
+    held until the manager adds what its free released. In a pool where "c" fits only
+    in those blocks it is admitted all the same, as stepping admits it."""
+    config = EngineConfig(
+        num_gpu_blocks=blocks, block_size=4, timing=STEP, enable_kv_cache_events=False
+    )
+    carrier, kv = counted_engine(config)
+    plain, _ = counted_engine(config)
+    nothing = EventCollector()
+    requests = [one("a", 8, 4), one("b", 8, 12), one("c", 12, 3, arrival=2.0)]
+
+    async def main() -> None:
+        for engine in (carrier, plain):
+            for spec in requests[:2]:
+                await engine.submit(spec, 0.0)
+            await engine.step()  # both prefill
+        calls = kv.calls
+        steps = await carrier.fast_forward(2.0, carry=True, chain=True)
+        assert steps
+        assert kv.calls == calls  # carried: no call of its own
+        assert carrier.num_active_blocks > 0
+        for _ in range(steps):
+            await plain.step()
+        for engine in (carrier, plain):
+            await engine.submit(requests[2], 2.0)
+        await carrier.step()  # its schedule carries the chain
+        await plain.step()
+        assert kv.calls == calls + 1
+        assert await snapshot(carrier, nothing) == await snapshot(plain, nothing)
+        assert any(request.request_id == "c" for request in carrier.running)
+        while carrier.has_work:
+            await carrier.step()
+            await plain.step()
+        assert await snapshot(carrier, nothing) == await snapshot(plain, nothing)
+
+    anyio.run(main, backend="asyncio")
+
+
 @pytest.mark.parametrize(("blocks", "jumps"), [(6, [4, 7]), (20, [11])])
 def test_a_chain_its_bound_cuts_short_goes_on_with_the_next_call(
     blocks: int, jumps: list[int]

@@ -23,6 +23,7 @@ from kvpool.errors import (
 from kvpool.events import KVEvent, KVEventBatch, decode_batch, encode_batch
 from kvpool.manager import (
     AdmissionGate,
+    ChainAllocations,
     DecodeChain,
     DecodeRun,
     DecodeStretch,
@@ -42,6 +43,7 @@ from kvpool.manager.messages import (
     FinishChain,
     FinishRun,
     FinishStretch,
+    ScheduleAfterChain,
     ScheduleStep,
     TakeEvents,
 )
@@ -546,6 +548,90 @@ def test_undoing_an_unread_finish_chain_keeps_its_frees_and_queues_its_events_in
     assert queued[:1] == reply.outcomes[0].events  # old's, drained by the first leave
     assert manager.take_events() == queued
     manager.check_invariants()
+
+
+def _two_decoding() -> tuple[ManagerState, KvManager, DecodeChain]:
+    """Handlers over a manager with ``a`` (3 tokens) and ``b`` (3 tokens, two blocks'
+    worth with its chain) decoding, and a chain in which ``a`` fills its first block at
+    step 0 and grows at step 1 while ``b`` leaves after step 0."""
+    handlers, manager = _handlers()
+    for name, first in (("a", 0), ("b", 10)):
+        manager.add_request(name, list(range(first, first + 3)))
+        assert manager.allocate(name, 3, cache=True) is not None
+    manager.take_events()
+    chain = DecodeChain(DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2), [0], [["b"]])
+    return handlers, manager, chain
+
+
+def test_undoing_an_unread_schedule_after_chain_keeps_its_frees() -> None:
+    """A `ScheduleAfterChain` whose caller never read the reply: the request it admitted
+    is forgotten, the chain's growth goes back, its free stays made, and the events are
+    queued again in the order they were drained."""
+    handlers, manager, chain = _two_decoding()
+    before = manager.pool.num_active()
+    queue = [QueuedRequest("c", list(range(20, 29)))]
+    message = ScheduleAfterChain(chain, [], queue, AdmissionGate(16, 2))
+    reply = handlers.schedule_after_chain(message)
+    assert [allocation.num_blocks for allocation in reply.step.allocations] == [3]
+    assert "b" not in manager
+    handlers.undo_schedule_after_chain(message, reply)
+    assert "c" not in manager
+    assert "b" not in manager  # freed for good
+    assert manager.num_blocks("a") == 1
+    assert manager.pool.num_active() == before - 1  # b's block went idle
+    carried = reply.run
+    assert isinstance(carried, ChainAllocations)
+    drained = [event for _, events in carried.run.events for event in events]
+    drained += [event for outcome in carried.outcomes for event in outcome.events]
+    assert manager.take_events() == drained + reply.step.events
+    manager.check_invariants()
+
+
+@pytest.mark.asyncio
+async def test_asyncio_schedule_after_chain_cancelled_after_the_reply_keeps_its_frees() -> None:
+    """Its caller cancelled before it read the reply: the admission and the chain's
+    growth are given back, the chain's free stays made (a give-back), and the pool
+    holds what the free left it."""
+    managers: list[KvManager] = []
+    async with open_manager(16, 4, on_create=managers.append) as kv:
+        (manager,) = managers
+        for name, first in (("a", 0), ("b", 10)):
+            await kv.add_request(name, list(range(first, first + 3)))
+            assert await kv.allocate(name, 3, cache=True) is not None
+        before = (await kv.usage()).num_active
+        chain = DecodeChain(DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2), [0], [["b"]])
+        queue = [QueuedRequest("c", list(range(20, 29)))]
+        call = kv.schedule([], queue, AdmissionGate(16, 8), chain)
+        await _cancel_after_reply(manager, call, lambda: "c" in manager)
+        await kv.check_invariants()  # queued behind the undo
+        assert "c" not in manager
+        assert "b" not in manager
+        assert manager.num_blocks("a") == 1
+        assert (await kv.usage()).num_active == before - 1
+
+
+@pytest.mark.anyio
+async def test_a_schedule_after_chain_in_a_cancelled_scope_still_frees() -> None:
+    """A give-back: made in a cancelled scope too (its frees cannot wait for a next
+    call that would carry the chain again), and what it handed out given back."""
+    managers: list[KvManager] = []
+    async with open_manager(16, 4, on_create=managers.append) as kv:
+        (manager,) = managers
+        for name, first in (("a", 0), ("b", 10)):
+            await kv.add_request(name, list(range(first, first + 3)))
+            assert await kv.allocate(name, 3, cache=True) is not None
+        before = (await kv.usage()).num_active
+        chain = DecodeChain(DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2), [0], [["b"]])
+        queue = [QueuedRequest("c", list(range(20, 29)))]
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await kv.schedule([], queue, AdmissionGate(16, 8), chain)
+        assert scope.cancelled_caught
+        await kv.check_invariants()
+        assert "b" not in manager
+        assert "c" not in manager
+        assert manager.num_blocks("a") == 1
+        assert (await kv.usage()).num_active == before - 1
 
 
 def test_undoing_an_unread_add_request_forgets_it() -> None:

@@ -53,6 +53,7 @@ from kvpool.manager.messages import (
     PreemptRequest,
     PrefillCostReply,
     RunFinished,
+    ScheduleAfterChain,
     ScheduleStep,
     StepsReply,
     StretchFinished,
@@ -99,6 +100,14 @@ MESSAGES: list[ManagerMessage] = [
         )
     ),
     FinishChain(DecodeChain(DecodeRun(["r1"], [[]], [33], [0], [-1], 1), [], [])),
+    ScheduleAfterChain(
+        DecodeChain(
+            DecodeRun(["r1", "r2"], [[7], []], [33, 17], [0, -1], [-1, 3], 5), [2], [["r2"]]
+        ),
+        [SlotRequest("r1", 34)],
+        [QueuedRequest("r3", [4, 5])],
+        AdmissionGate(512, 30),
+    ),
     MarkComputed("r1", 16),
     FreeRequest("r1"),
     PreemptRequest("r1"),
@@ -187,6 +196,22 @@ MESSAGES: list[ManagerMessage] = [
             PrefillCost(0, 0, 1),
         ),
         [PrefillCost(2, 1, 3)],
+    ),
+    StepSchedule(
+        StepAllocations([], [], ManagerStats(1, 9, 4, 1, 0, 1)),
+        [],
+        ChainAllocations(
+            RunAllocations(
+                [Allocation([7], 0, [])], 1, [], [1], [], ManagerStats(1, 9, 4, 1, 0, 2)
+            ),
+            [StepOutcome([], PoolUsage(3, 1, 8), ManagerStats(1, 9, 4, 1, 0, 2))],
+            [1],
+        ),
+    ),
+    StepSchedule(
+        StepAllocations([], [], ManagerStats(1, 9, 4, 1, 0, 1)),
+        [],
+        RunAllocations([], 0, [], [], [], ManagerStats(0, 0, 0, 0, 0)),
     ),
     DoneReply(),
     ErrorReply("UnknownRequestError", "request 'x' is not registered"),
