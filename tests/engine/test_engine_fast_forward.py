@@ -864,6 +864,22 @@ async def drive_twins(
             assert await snapshot(first, nothing) == await snapshot(second, nothing)
 
 
+async def drive_carrier(
+    requests: list[RequestSpec],
+    carrier: tuple[MockEngine, TimedKvClient],
+    plain: tuple[MockEngine, TimedKvClient],
+    jump: Callable[[float], Awaitable[int]],
+) -> None:
+    """`drive_twins` of an engine that carries its calls and one that does not, the
+    carrier settled at the end: the same manager, stats, report and records, and the
+    carrier made no more KV calls."""
+    await drive_twins(requests, (carrier[0], plain[0]), jump)
+    await carrier[0].settle()
+    nothing = EventCollector()
+    assert await snapshot(carrier[0], nothing) == await snapshot(plain[0], nothing)
+    assert carrier[1].calls <= plain[1].calls
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=workloads(), config=configs())
 def test_a_carried_jump_lands_with_the_next_step_as_if_sent_alone(
@@ -887,14 +903,7 @@ def test_a_carried_jump_lands_with_the_next_step_as_if_sent_alone(
         assert own_state(carrier) == own_state(plain)
         return taken
 
-    async def main() -> None:
-        await drive_twins(requests, (carrier, plain), jump)
-        await carrier.settle()
-        nothing = EventCollector()
-        assert await snapshot(carrier, nothing) == await snapshot(plain, nothing)
-        assert carrier_kv.calls <= plain_kv.calls
-
-    anyio.run(main, backend="asyncio")
+    anyio.run(drive_carrier, requests, (carrier, carrier_kv), (plain, plain_kv), jump)
     event(f"carried: {min(carried, 3)}")
 
 
@@ -961,14 +970,7 @@ def test_a_carried_chain_lands_with_the_next_step_as_if_sent_alone(
         bounded += carrier.num_active_blocks > plain.num_active_blocks  # frees uncounted
         return taken
 
-    async def main() -> None:
-        await drive_twins(requests, (carrier, plain), jump)
-        await carrier.settle()
-        nothing = EventCollector()
-        assert await snapshot(carrier, nothing) == await snapshot(plain, nothing)
-        assert carrier_kv.calls <= plain_kv.calls
-
-    anyio.run(main, backend="asyncio")
+    anyio.run(drive_carrier, requests, (carrier, carrier_kv), (plain, plain_kv), jump)
     event(f"chains carried with their frees uncounted: {min(bounded, 3)}")
 
 

@@ -587,6 +587,18 @@ def test_undoing_an_unread_schedule_after_chain_keeps_its_frees() -> None:
     manager.check_invariants()
 
 
+async def _chain_to_admit(kv: ManagerClient) -> tuple[int, DecodeChain, list[QueuedRequest]]:
+    """``a`` and ``b`` decoding in ``kv``'s manager; the active blocks then, a chain in
+    which ``a`` fills its first block at step 0 and grows at step 1 while ``b`` leaves
+    after step 0, and a queue of one new request ``c`` (three blocks)."""
+    for name, first in (("a", 0), ("b", 10)):
+        await kv.add_request(name, list(range(first, first + 3)))
+        assert await kv.allocate(name, 3, cache=True) is not None
+    before = (await kv.usage()).num_active
+    chain = DecodeChain(DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2), [0], [["b"]])
+    return before, chain, [QueuedRequest("c", list(range(20, 29)))]
+
+
 @pytest.mark.asyncio
 async def test_asyncio_schedule_after_chain_cancelled_after_the_reply_keeps_its_frees() -> None:
     """Its caller cancelled before it read the reply: the admission and the chain's
@@ -595,12 +607,7 @@ async def test_asyncio_schedule_after_chain_cancelled_after_the_reply_keeps_its_
     managers: list[KvManager] = []
     async with open_manager(16, 4, on_create=managers.append) as kv:
         (manager,) = managers
-        for name, first in (("a", 0), ("b", 10)):
-            await kv.add_request(name, list(range(first, first + 3)))
-            assert await kv.allocate(name, 3, cache=True) is not None
-        before = (await kv.usage()).num_active
-        chain = DecodeChain(DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2), [0], [["b"]])
-        queue = [QueuedRequest("c", list(range(20, 29)))]
+        before, chain, queue = await _chain_to_admit(kv)
         call = kv.schedule([], queue, AdmissionGate(16, 8), chain)
         await _cancel_after_reply(manager, call, lambda: "c" in manager)
         await kv.check_invariants()  # queued behind the undo
@@ -617,12 +624,7 @@ async def test_a_schedule_after_chain_in_a_cancelled_scope_still_frees() -> None
     managers: list[KvManager] = []
     async with open_manager(16, 4, on_create=managers.append) as kv:
         (manager,) = managers
-        for name, first in (("a", 0), ("b", 10)):
-            await kv.add_request(name, list(range(first, first + 3)))
-            assert await kv.allocate(name, 3, cache=True) is not None
-        before = (await kv.usage()).num_active
-        chain = DecodeChain(DecodeRun(["a"], [[7, 8]], [4], [1], [0], 2), [0], [["b"]])
-        queue = [QueuedRequest("c", list(range(20, 29)))]
+        before, chain, queue = await _chain_to_admit(kv)
         with anyio.CancelScope() as scope:
             scope.cancel()
             await kv.schedule([], queue, AdmissionGate(16, 8), chain)

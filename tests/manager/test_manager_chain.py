@@ -201,6 +201,16 @@ def check_chain(data: st.DataObject, options: dict[str, Any], *, pressed: bool) 
     same state after and the same LRU. The pool is nearly full (of idle cached blocks
     and of running prompts, some of them freed by the chain) or not; ``pressed``: full
     of running prompts, the first leave as early as can be."""
+    one, two, chain = twins_and_chain(data, options, pressed=pressed)
+    compare(one, two, chain)
+
+
+def twins_and_chain(
+    data: st.DataObject, options: dict[str, Any], *, pressed: bool = False
+) -> tuple[KvManager, KvManager, DecodeChain]:
+    """Twin managers with random tables (as the engine plans them, or not), the pool
+    nearly full or not (with ``pressed``: full of running prompts), and a random chain
+    over them (`drawn_chain`)."""
     for _ in range(3):  # a run over no request: drawn again, at most twice
         if data.draw(st.booleans(), label="as the engine plans"):
             one, two, run, names = decoding(data, **options)
@@ -211,7 +221,7 @@ def check_chain(data: st.DataObject, options: dict[str, Any], *, pressed: bool) 
             break
     if pressed or data.draw(st.sampled_from([True, True, False]), label="nearly full"):
         names += fill_up(data, one, two, full=pressed)
-    compare(one, two, drawn_chain(data, run, names, early=pressed))
+    return one, two, drawn_chain(data, run, names, early=pressed)
 
 
 def compare(one: KvManager, two: KvManager, chain: DecodeChain) -> None:

@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_manager import BS, evict_order, make, same_state, snapshot, twin_tables
-from test_manager_chain import CACHING, assert_same, drawn_chain, fill_up, planned_growth
-from test_manager_run import decoding, drawn_run
+from test_manager import BS, evict_order, make, same_state, snapshot
+from test_manager_chain import CACHING, assert_same, planned_growth, twins_and_chain
 from test_manager_stretch import MODES
 
 from kvpool.errors import InvalidArgumentError
@@ -62,17 +61,7 @@ def test_a_step_carrying_a_chain_is_the_chain_then_the_step(
     nearly full or not, then a queue of new requests: the same results, state and LRU
     as the chain's own call and then the step's, its gate counted after the frees."""
     options: dict[str, Any] = {**MODES[mode], **CACHING[caching]}
-    for _ in range(3):  # a run over no request: drawn again, at most twice
-        if data.draw(st.booleans(), label="as the engine plans"):
-            one, two, run, names = decoding(data, **options)
-        else:
-            capacity, one, two, names = twin_tables(data, 8, frees=True, **options)
-            run = drawn_run(data, capacity, two, names)
-        if run.request_ids:
-            break
-    if data.draw(st.sampled_from([True, True, False]), label="nearly full"):
-        names += fill_up(data, one, two)
-    chain = drawn_chain(data, run, names)
+    one, two, chain = twins_and_chain(data, options)
     growth = planned_growth(two, chain)
     pool = two.pool
     fits = growth <= pool.capacity - pool.num_active()
