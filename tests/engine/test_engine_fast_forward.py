@@ -18,7 +18,7 @@ import types
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -945,10 +945,30 @@ def test_a_chain_of_jumps_is_the_steps_it_takes(
     event(f"chains: {min(chained, 3)}")
 
 
+@st.composite
+def bursts(draw: st.DrawFn) -> list[RequestSpec]:
+    """A burst of requests at once, outputs of every length (they finish at different
+    steps: a chain), then a few arrivals far enough apart for chains to run to them."""
+    requests = []
+    arrival = 0.0
+    for i in range(draw(st.integers(2, 8))):
+        if i >= 2 and draw(st.booleans()):
+            arrival += draw(st.integers(8, 400)) * GRID
+        prefix = draw(st.sampled_from(PREFIXES))
+        own = Segment(mix_seed(50_000, i), draw(st.integers(0 if prefix else 1, 16)))
+        output = Segment(mix_seed(90_000, i), draw(st.integers(1, 48)))
+        requests.append(RequestSpec(f"r{i}", arrival, (*prefix, own), output))
+    return requests
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=workloads(), config=configs())
+@given(
+    requests=st.one_of(workloads(), bursts()),
+    config=configs(),
+    usage_free=st.booleans(),
+)
 def test_a_carried_chain_lands_with_the_next_step_as_if_sent_alone(
-    requests: list[RequestSpec], config: EngineConfig
+    requests: list[RequestSpec], config: EngineConfig, usage_free: bool
 ) -> None:
     """Twin engines (`drive_twins`), both with ``chain``: one carries its calls, the other
     does not. After each jump they keep the same state of their own, but for the active
@@ -956,6 +976,8 @@ def test_a_carried_chain_lands_with_the_next_step_as_if_sent_alone(
     each step (whose schedule lands a carried chain, the gate counted from that bound)
     and at the end they show the same manager, stats, report and records, and the
     carrier never made more KV calls."""
+    if usage_free:  # what a chain needs, and carrying one prefix caching
+        config = replace(config, enable_prefix_caching=True, timing=DYADIC)
     carrier, carrier_kv = counted_engine(config)
     plain, plain_kv = counted_engine(config)
     bounded = 0
