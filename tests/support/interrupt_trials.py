@@ -42,7 +42,11 @@ class Trial:
     raised_by_open_pool: BaseException | None = None
     run_raised: BaseException | None = None
     states: list[PoolState] = field(default_factory=list)
+    pool: PoolClient | None = None
     status: Status | None = None
+    """The pool's actor's once the run is over (None if the body never got the pool):
+    read by `run_trial` with SIGINT ignored, since an interrupt may land on any line of
+    the scenario's own code, its ``finally`` blocks included."""
     rounds: int = 0
     left_normally: bool = False
 
@@ -93,6 +97,7 @@ async def _scenario(trial: Trial, seed: int, rounds: int | None) -> None:
             nursery.start_soon(_helper, pool_box, ready, seed * 10 + k)
         try:
             async with open_pool(CAPACITY, extensions=[_capture(trial.states)]) as pool:
+                trial.pool = pool
                 pool_box.append(pool)
                 ready.set()
                 while rounds is None or trial.rounds < rounds:
@@ -102,9 +107,6 @@ async def _scenario(trial: Trial, seed: int, rounds: int | None) -> None:
         except BaseException as exc:
             trial.raised_by_open_pool = exc
             raise
-        finally:
-            if trial.states:
-                trial.status = pool_box[0]._actor.status if pool_box else None
 
 
 def run_trial(
@@ -126,6 +128,8 @@ def run_trial(
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a late signal is dropped
             if stop[0] is not None:
                 stop[0]()
+            if trial.pool is not None:
+                trial.status = trial.pool._actor.status
     return trial
 
 
