@@ -8,6 +8,8 @@ import math
 import zlib
 from collections.abc import Sequence
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from kvpool.engine import EngineConfig, LocalKvClient, MockEngine, StepResult
@@ -199,3 +201,65 @@ async def test_a_router_reads_the_loads_stepping_would_show_it() -> None:
             assert sum(engine.jumps for engine in engines) > 0
     assert seen[0] == seen[1]
     assert finals[0] == finals[1]
+
+
+def carried_state(engines: list[MockEngine]) -> list[tuple[object, ...]]:
+    """What a run leaves in its engines: clocks, stats, samples and records."""
+    return [
+        (
+            e.clock,
+            e.stats.completed,
+            e.stats.generated_tokens,
+            e.stats.steps,
+            list(e.stats.sample_times),
+            list(e.stats.usage),
+            [(r.request_id, r.finish_s) for r in e.stats.requests],
+        )
+        for e in engines
+    ]
+
+
+@pytest.mark.parametrize(("stop_after", "chain_carried"), [(1, False), (2, True), (8, True)])
+async def test_a_run_cancelled_between_calls_resumes_as_if_never_stopped(
+    stop_after: int, chain_carried: bool
+) -> None:
+    """Cancelled between two engine calls, after a step or right after a chain of
+    finishing jumps left its call to the next step, and run again: the engine sends
+    what it carried with its next KV call, and the run ends as an uninterrupted one."""
+
+    def arrivals() -> list[tuple[float, RequestSpec]]:
+        # bursts of three that finish at different steps, some after the next burst
+        return [
+            (0.3 * (i // 3), spec(f"r{i}", prompt=20 + 7 * (i % 3), output=5 + 40 * (i % 3)))
+            for i in range(12)
+        ]
+
+    def loop_over(engines: list[MockEngine]) -> EngineLoop:
+        return EngineLoop(engines, bind(make_policy("round-robin"), engines), fast_forward=True)
+
+    engines = fleet(1)
+    await loop_over(engines).run(Timed(arrivals()))
+    expected = carried_state(engines)
+
+    engines = fleet(1)
+    loop = loop_over(engines)
+    source = Timed(arrivals())
+    calls = 0
+    bounded: list[bool] = []
+
+    async def on_step(index: int, engine: MockEngine, result: StepResult | None) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == stop_after:
+            # a carried chain's frees are not in the engine's count yet
+            bounded.append(engine.num_active_blocks > (await engine.kv.usage()).num_active)
+            scope.cancel()
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.CancelScope() as scope:
+        await loop.run(source, on_step)
+    assert scope.cancelled_caught
+    assert bounded == [chain_carried]
+    await loop.run(source)
+    assert carried_state(engines) == expected
+    assert (await engines[0].final_usage()).num_active == 0
