@@ -871,31 +871,31 @@ class MockEngine:
         await it, since awaiting even a coroutine that does nothing builds one."""
         carried = self._carried
         if isinstance(carried, _Chain):
-            try:
-                result = await self.kv.finish_chain(carried.message(self.config))
-            except BaseException:
-                self._carried = None  # a give-back: see `_schedule_call`
-                raise
-            self._land(result)
+            self._carried = None  # sent once: see `_land_chain`
+            self._land_chain(carried, await self.kv.finish_chain(carried.message(self.config)))
         elif carried is not None:
             run = carried[0].run
             assert run is not None  # only a jump with allocations is carried
             self._land(await self.kv.allocate_run(run))
 
+    def _land_chain(self, chain: _Chain, result: RunAllocations | ChainAllocations | None) -> None:
+        """A carried chain's result came back (from the call that carried it): checked
+        and applied (`_apply_chain`). The caller took the chain out of ``_carried``
+        before making that call: a call carrying a chain is a give-back, made even if
+        the caller leaves (`ScheduleAfterChain`), so its frees are never sent twice."""
+        if type(result) is not ChainAllocations:
+            raise RuntimeError(f"a carried chain came back without its result: {self!r}")
+        self._check_chain(chain, result)
+        self._apply_chain(chain, result)
+
     def _land(self, result: RunAllocations | ChainAllocations | None) -> None:
-        """A carried jump's (or chain's) allocations came back (``result``, from the
-        call that carried them): check them against the plan and apply what they
-        return (`apply_groups`; a chain's `_apply_chain`)."""
+        """A carried jump's allocations came back (``result``, from the call that
+        carried them): check them against the plan and apply what they return
+        (`apply_groups`)."""
         carried = self._carried
         if carried is None:
             return
-        if isinstance(carried, _Chain):
-            if type(result) is not ChainAllocations:
-                raise RuntimeError(f"a carried chain came back without its result: {self!r}")
-            self._carried = None
-            self._check_chain(carried, result)
-            self._apply_chain(carried, result)
-            return
+        assert not isinstance(carried, _Chain)  # a chain lands by `_land_chain`
         plan, before = carried
         if type(result) is not RunAllocations:
             raise RuntimeError(f"a carried jump came back without its allocations: {self!r}")
@@ -1139,19 +1139,15 @@ class MockEngine:
         tokens left after the slots, carrying the carried jump if any: the jump landed,
         then the step's allocations taken in (`_took`)."""
         carried = self._carried
+        gate = self._gate(budget)
         if isinstance(carried, _Chain):
-            message = carried.message(self.config)
-            try:
-                schedule = await self.kv.schedule(slots, queue, self._gate(budget), message)
-            except BaseException:
-                # A call carrying a chain is a give-back, made even if the caller leaves
-                # (`ScheduleAfterChain`): its frees cannot be sent twice.
-                self._carried = None
-                raise
+            self._carried = None  # sent once: see `_land_chain`
+            schedule = await self.kv.schedule(slots, queue, gate, carried.message(self.config))
+            self._land_chain(carried, schedule.run)
         else:
             run = None if carried is None else carried[0].run
-            schedule = await self.kv.schedule(slots, queue, self._gate(budget), run)
-        self._land(schedule.run)
+            schedule = await self.kv.schedule(slots, queue, gate, run)
+            self._land(schedule.run)
         self._took(None, schedule.step)
         return schedule
 
