@@ -37,4 +37,14 @@ def describe_build(*, compiled: bool = True) -> str:
         for name, module in sys.modules.items()
         if name.startswith("kvpool.") and (getattr(module, "__file__", None) or "").endswith(".so")
     )
-    return f"{line}; compiled: {', '.join(modules) or 'nothing (pure Python)'}"
+    return f"{line}; compiled{profile_guided()}: {', '.join(modules) or 'nothing (pure Python)'}"
+
+
+def profile_guided() -> str:
+    """`` (profile-guided)`` if the compiled modules loaded so far were built from a
+    profile (setup.py records the compiler's flags in the library), else nothing."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if name.endswith("__mypyc") and path.endswith(".so"):
+            return " (profile-guided)" if b"-fprofile-use" in Path(path).read_bytes() else ""
+    return ""
