@@ -8,7 +8,7 @@ build_support/pgo_workload.py has run on that build, from the profile it recorde
 C that mypyc emits is mostly calls, into the interpreter and between its own functions,
 and what limits it is the CPU's instruction cache more than the instructions it runs:
 laid out by the profile, and with calls between its functions made directly
-(`GCC_FLAGS`), a simulation takes 15-21% less time (benchmarks/README.md,
+(`GCC_FLAGS`), a simulation takes 12-23% less time (benchmarks/README.md,
 "Profile-guided build"). If any part of that fails (the workload cannot run in the
 build environment, say), the modules are built once more without a profile.
 
