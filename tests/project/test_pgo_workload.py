@@ -40,7 +40,7 @@ def test_the_workload_runs_to_its_end_as_the_build_runs_it() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().endswith("trained")
-    assert "Warning" not in done.stderr  # nothing it runs is malformed
+    assert "TraceWarning" not in done.stderr  # its trace is well formed
 
 
 def test_its_trace_is_multi_turn_and_well_formed(tmp_path: Path) -> None:
