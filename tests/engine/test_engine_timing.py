@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvpool import cli
 from kvpool.engine import (
@@ -84,6 +86,21 @@ async def test_the_linear_model_charges_overhead_prompt_tokens_and_decoding_sequ
     steps = await durations(kv_factory, TimingModel(), [spec("a", 100, 3)], num_gpu_blocks=64)
     # step 1: 4 ms + 100 prompt tokens * 60 us = 10 ms; steps 2-3: 4 ms + 1 seq * 60 us
     assert [s.duration_s for s in steps] == pytest.approx([0.010, 0.00406, 0.00406])
+
+
+costs = st.one_of(st.just(0.0), st.floats(1e-9, 1.0), st.integers(0, 3))
+
+
+@given(costs, costs, costs, st.integers(0, 1 << 20), st.integers(0, 4096))
+def test_the_linear_duration_is_its_step_time_bit_for_bit(
+    overhead: float, per_token: float, per_seq: float, tokens: int, seqs: int
+) -> None:
+    """`TimingModel.duration` writes `step_time`'s sum out (it runs once a step): the
+    same terms in the same order, so the same float."""
+    model = TimingModel(overhead, per_token, per_seq)
+    work = StepWork(prefill_tokens=tokens, decode_seqs=seqs)
+    got, expected = model.duration(work), model.step_time(tokens, seqs)
+    assert (type(got), repr(got)) == (type(expected), repr(expected))  # repr: every bit
 
 
 @pytest.mark.anyio
