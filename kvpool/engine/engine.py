@@ -251,6 +251,9 @@ class MockEngine:
             )
         self.kv = kv
         self.config = config
+        # `EngineConfig.watermark_blocks` read once: the config is frozen and never
+        # replaced, and the property is interpreted code (two reads a step otherwise)
+        self._watermark_blocks = config.watermark_blocks
         self.rank = rank
         self.sink = sink
         self.epoch = epoch
@@ -1304,7 +1307,7 @@ class MockEngine:
         return AdmissionGate(
             budget,
             config.num_gpu_blocks - self._num_active - growing,
-            config.watermark_blocks,
+            self._watermark_blocks,
             running,
             config.max_num_seqs - running,
             config.enable_chunked_prefill,
@@ -1335,7 +1338,7 @@ class MockEngine:
             config.block_size,
             budget,
             config.num_gpu_blocks - self._num_active - growing,
-            config.watermark_blocks,
+            self._watermark_blocks,
             len(self.running),
             config.enable_chunked_prefill,
             config.scheduler_reserve_full_isl,
