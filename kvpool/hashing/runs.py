@@ -32,7 +32,7 @@ class TokenRuns(Sequence[int]):
     for ``j < length``, run after run. Immutable; a `Sequence` of its tokens, so any
     caller that takes token ids takes it (indexing builds a token; `to_array` all)."""
 
-    __slots__ = ("_len", "_tokens", "runs")
+    __slots__ = ("_tokens", "num_tokens", "runs")
 
     def __init__(
         self, runs: Sequence[tuple[int, int]], *, tokens: array[int] | None = None
@@ -55,7 +55,9 @@ class TokenRuns(Sequence[int]):
                 kept.append(run)
                 total += length
         self.runs: tuple[tuple[int, int], ...] = tuple(kept)
-        self._len = total
+        self.num_tokens = total
+        """How many tokens (what ``len`` answers: compiled callers read it, as a call of
+        this interpreted class's ``__len__`` costs them more)."""
         if tokens is not None and len(tokens) != total:
             raise InvalidArgumentError(f"{len(tokens)} tokens given for runs of {total}")
         self._tokens = tokens
@@ -70,7 +72,7 @@ class TokenRuns(Sequence[int]):
         segments were checked when it was read)."""
         made = cls.__new__(cls)
         made.runs = runs
-        made._len = length
+        made.num_tokens = length
         made._tokens = tokens
         return made
 
@@ -94,7 +96,7 @@ class TokenRuns(Sequence[int]):
         return cls(runs)
 
     def __len__(self) -> int:
-        return self._len
+        return self.num_tokens
 
     @overload
     def __getitem__(self, index: int) -> int: ...
@@ -104,8 +106,8 @@ class TokenRuns(Sequence[int]):
         if isinstance(index, slice):
             return self.to_array()[index].tolist()
         if index < 0:
-            index += self._len
-        if not 0 <= index < self._len:
+            index += self.num_tokens
+        if not 0 <= index < self.num_tokens:
             raise IndexError("token index out of range")
         for start, length in self.runs:
             if index < length:

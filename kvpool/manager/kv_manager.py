@@ -470,7 +470,7 @@ class KvManager:
                 length = registered.num_tokens
             else:
                 rid, tokens = self._check_new(entry.request_id, cast("Sequence[int]", prompt))
-                length = len(tokens)
+                length = tokens.num_tokens if type(tokens) is TokenRuns else len(tokens)
             if rid in named:
                 raise InvalidArgumentError(f"request {rid!r} appears twice in a step's schedule")
             named.add(rid)
