@@ -44,6 +44,7 @@ CORE = [
     "kvpool/engine/fast_forward.py",
     "kvpool/engine/execution.py",
     "kvpool/engine/engine.py",
+    "kvpool/engine/admission.py",
     "kvpool/engine/arrivals.py",
     "kvpool/engine/dispatch.py",
     "kvpool/engine/loop.py",

@@ -2,6 +2,8 @@
 
 `MockEngine.submit` rejects what `rejection_reason` names; serve's intake asks it too, of
 the config alone, so a handler never calls into an engine another task owns.
+
+setup.py compiles this module with mypyc: the engine asks once a request.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from kvpool.workloads import RequestSpec
 def rejection_reason(config: EngineConfig, spec: RequestSpec) -> str | None:
     """Why ``spec`` could never run on an engine with ``config``, or None if it can."""
     limit = config.max_model_len
-    if limit is not None and spec.input_length + spec.output_length > limit:
+    output_length = spec.output.length  # `RequestSpec.output_length`, without its call
+    if limit is not None and spec.input_length + output_length > limit:
         return (
-            f"holds {spec.input_length} prompt and {spec.output_length} output tokens, "
+            f"holds {spec.input_length} prompt and {output_length} output tokens, "
             f"more than max_model_len {limit}"
         )
     # The last output token is sampled, never computed: it needs no KV slot.
-    max_tokens = spec.input_length + spec.output_length - 1
+    max_tokens = spec.input_length + output_length - 1
     blocks = -(-max_tokens // config.block_size)
     if blocks > config.num_gpu_blocks:
         return f"needs {blocks} blocks, the pool holds {config.num_gpu_blocks}"
