@@ -1,7 +1,8 @@
 """Build hook: compile the block-pool core, the request-level KV manager and the engine (its
-scheduler, step bookkeeping, `MockEngine` itself and the loop that drives it: `EngineLoop`,
-the simulation's `Arrivals`, dispatch and hooks) with mypyc (2-3x cheaper pool calls; see
-benchmarks/README.md for the manager's and the engine's gain), guided by a profile.
+admission check, scheduler, step bookkeeping, `MockEngine` itself and the loop that drives
+it: `EngineLoop`, the simulation's `Arrivals`, dispatch and hooks) with mypyc (2-3x
+cheaper pool calls; see benchmarks/README.md for the manager's and the engine's gain),
+guided by a profile.
 
 With GCC, the compiled modules are built twice: instrumented, then, once
 build_support/pgo_workload.py has run on that build, from the profile it recorded. The
