@@ -23,18 +23,16 @@ class WallPacer:
     ``lag_counts`` the paces by lateness in whole milliseconds, rounded up (0: on time).
     """
 
-    __slots__ = ("lag_counts", "speedup_ratio", "start_s", "worst_lag_s")
+    __slots__ = ("lag_counts", "paced", "speedup_ratio", "start_s", "worst_lag_s")
 
     def __init__(self, speedup_ratio: float) -> None:
         self.speedup_ratio = speedup_ratio
+        self.paced = speedup_ratio > 0
+        """Whether simulated time is tied to the wall clock. An attribute, not a property:
+        the compiled simulation reads it once a request."""
         self.start_s = time.perf_counter()
         self.worst_lag_s = 0.0
         self.lag_counts: Counter[int] = Counter()
-
-    @property
-    def paced(self) -> bool:
-        """Whether simulated time is tied to the wall clock (``speedup_ratio > 0``)."""
-        return self.speedup_ratio > 0
 
     def start(self) -> None:
         """Make now simulated time 0."""

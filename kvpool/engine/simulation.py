@@ -158,7 +158,7 @@ class Simulation:
     async def take(self, loop: EngineLoop) -> None:
         """Send the next request (due: every busy engine reached its arrival)."""
         spec, when = self.arrivals.pop()
-        if self.speedup_ratio > 0:  # paced (`WallPacer.paced`, without its call per request)
+        if self._pacer.paced:
             await self._pacer.sleep_until(when)
         index, accepted = await loop.submit(spec, when)
         if not accepted:

@@ -89,6 +89,7 @@ from kvpool.manager.validation import (
     check_request_id,
     check_timestamp,
     check_tokens,
+    count_tokens,
 )
 from kvpool.pool import BlockId, BlockPool
 from kvpool.pool.runs import (
@@ -473,7 +474,7 @@ class KvManager:
                 length = registered.num_tokens
             else:
                 rid, tokens = self._check_new(entry.request_id, cast("Sequence[int]", prompt))
-                length = tokens.num_tokens if type(tokens) is TokenRuns else len(tokens)
+                length = count_tokens(tokens)
             if rid in named:
                 raise InvalidArgumentError(f"request {rid!r} appears twice in a step's schedule")
             named.add(rid)

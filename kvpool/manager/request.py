@@ -8,7 +8,7 @@ from typing import cast
 from kvpool.hashing import BlockHasher
 from kvpool.hashing.run_keys import RunKeyer, RunMemo
 from kvpool.hashing.runs import TokenRuns
-from kvpool.manager.validation import TOKEN_TYPECODE
+from kvpool.manager.validation import TOKEN_TYPECODE, count_tokens
 from kvpool.pool.runs import add_run
 
 
@@ -90,10 +90,10 @@ class RequestState:
     def extend(self, tokens: array[int] | TokenRuns | range) -> None:
         """Append already-validated tokens (a ``range``: a run of u32 ids, step 1) and
         hash (or key) the blocks they complete."""
+        self.num_tokens += count_tokens(tokens)
+        keyer = self.keyer
         # `type() is`, not isinstance: TokenRuns is a Sequence, and an ABC's check is slow
         kind = type(tokens)
-        self.num_tokens += cast(TokenRuns, tokens).num_tokens if kind is TokenRuns else len(tokens)
-        keyer = self.keyer
         if keyer is not None:
             if kind is range:
                 keyer.extend_span(cast(range, tokens).start, len(tokens))

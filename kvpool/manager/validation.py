@@ -65,6 +65,12 @@ def check_timestamp(value: object) -> float:
     return float(value)
 
 
+def count_tokens(tokens: array[int] | TokenRuns | range) -> int:
+    """How many tokens `check_tokens` returned: a `TokenRuns`' count is read, not asked
+    of its ``__len__``, a call of interpreted code from this compiled module's callers."""
+    return tokens.num_tokens if type(tokens) is TokenRuns else len(tokens)
+
+
 def _bad_tokens(token_ids: object) -> NoReturn:
     raise InvalidArgumentError(
         f"token ids must be a sequence of ints in [0, 2**32), got {token_ids!r:.200}"
@@ -77,4 +83,5 @@ __all__ = [
     "check_request_id",
     "check_timestamp",
     "check_tokens",
+    "count_tokens",
 ]
